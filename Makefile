@@ -1,0 +1,46 @@
+# Entry points for users and CI. Every target runs from a fresh Debian 12 / Ubuntu 22.04 machine as root:
+# targets that need the Python stack depend on `setup`, which is idempotent and fast once done.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+REPO := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+VENV ?= $(REPO)/.venv
+PY := $(VENV)/bin/python
+SETUP_STAMP := $(VENV)/.setup-stamp
+export PATH := $(VENV)/bin:$(PATH)
+
+.PHONY: help setup demo test test-fast lint bench-launcher clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+# The stamp is newer than every input of the setup, so `make setup` is a no-op until one of them changes.
+$(SETUP_STAMP): bin/setup-host.sh requirements/stack.txt requirements/horovod.txt requirements/dev.txt pyproject.toml
+	bash bin/setup-host.sh --dev
+	touch $@
+
+setup: $(SETUP_STAMP) ## install system packages and the .venv (Open MPI, sshd, TensorFlow, Horovod...)
+
+demo: setup ## README command 1: Horovod Keras MNIST, 2 processes through `train`, prints test accuracy
+	$(PY) -m smhvd.demo --processes 2
+
+test: setup ## README command 2: every test tier (unit, integration, cluster, images)
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests
+
+test-fast: setup ## unit tests only (seconds)
+	$(PY) -m pytest -p no:cacheprovider -m 'not integration' $(PYTEST_ARGS) tests
+
+lint: setup ## ruff, mypy, shellcheck
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy src/smhvd
+
+bench-launcher: setup ## launcher overhead: train start -> rank 0 start, script end -> train exit (np=2, one host)
+	$(PY) benchmarks/launcher_overhead.py
+
+clean: ## remove build outputs (keeps .venv)
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache
+
+# Each area (cluster, images, reference scripts) adds its targets in mk/<area>.mk.
+-include $(wildcard mk/*.mk)

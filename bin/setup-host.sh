@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Prepare a fresh Debian 12 / Ubuntu 22.04 machine (as root) to run and test the launcher:
+# system packages (Open MPI, OpenSSH, compilers) and a virtualenv at .venv with the pinned stack,
+# Horovod compiled from source against TensorFlow + MPI + Gloo. Safe to re-run: apt skips what is
+# installed and pip reuses its wheel cache (the Horovod wheel included), so a second run takes seconds.
+set -euo pipefail
+
+usage() {
+  cat <<USAGE
+usage: $(basename "$0") [--no-apt] [--dev]
+  --no-apt   skip the apt-get step (packages already present)
+  --dev      also install the test and lint tools (requirements/dev.txt)
+env: PYTHON (default python3), VENV (default <repo>/.venv)
+USAGE
+}
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+python=${PYTHON:-python3}
+venv=${VENV:-"$repo/.venv"}
+do_apt=1
+dev=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-apt) do_apt=0 ;;
+    --dev) dev=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+  esac
+  shift
+done
+
+apt_packages=(
+  openmpi-bin libopenmpi-dev           # mpirun/orted and headers for Horovod and mpi4py
+  openssh-server openssh-client        # multi-host: the leader reaches workers over ssh
+  build-essential cmake                # Horovod compiles its ops at install time
+  python3-dev python3-venv             # headers and venv for the system Python
+  iproute2 procps                      # ip/ss for interface checks and the simulated cluster
+)
+
+if [ "$do_apt" = 1 ]; then
+  missing=()
+  for p in "${apt_packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+      missing+=("$p")
+    fi
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "setup: apt-get install ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating $venv with $python"
+  "$python" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+"${pip[@]}" install -q --upgrade 'pip>=24' wheel 'setuptools>=64,<70'
+"${pip[@]}" install -q -r "$repo/requirements/stack.txt"
+
+# Horovod: built against the TensorFlow just installed, so without build isolation.
+if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
+  echo "setup: building Horovod (about 3 minutes on 2 cores the first time; cached afterwards)"
+  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI \
+  MAKEFLAGS=-j"$(nproc)" \
+    "${pip[@]}" install -q --no-build-isolation -r "$repo/requirements/horovod.txt"
+fi
+
+if [ "$dev" = 1 ]; then
+  "${pip[@]}" install -q -r "$repo/requirements/dev.txt"
+fi
+# The launcher itself, editable so that src/ changes apply without reinstalling.
+"${pip[@]}" install -q --no-deps -e "$repo"
+echo "setup: ready ($venv/bin/train)"

@@ -1,0 +1,1 @@
+"""SageMaker Horovod launcher."""
