@@ -1,0 +1,288 @@
+"""The cluster: brings hosts algo-1..algo-N up on a private bridge, runs commands on them, and tears
+everything down (processes, namespaces, links, bridge, mountpoints it created) whatever happens."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TextIO
+
+from smhvd.cluster import procfs, registry
+from smhvd.cluster.errors import ClusterError
+from smhvd.cluster.host import HostLayout, SimHost
+from smhvd.cluster.jobs import Fault, HostProcess, HostResult, supervise
+from smhvd.cluster.mltree import write_ml_tree
+from smhvd.cluster.spec import (
+    DEFAULT_ML_PATH,
+    LINK_PREFIX,
+    ClusterSpec,
+    HostAddress,
+    bridge_name,
+    host_addresses,
+    hosts_file,
+)
+from smhvd.cluster.system import check_prerequisites, run
+from smhvd.cluster.waiting import wait_for
+
+STANDARD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+SSH_CLIENT_CONFIG = (
+    "Host algo-*\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+)
+ETC_ENVIRONMENT = Path("/etc/environment")
+SSH_DIR = Path("/root/.ssh")
+LINK_GONE_TIMEOUT = 10.0
+
+
+class Cluster:
+    """Use as a context manager: ``with Cluster(spec) as cluster: cluster.run([...])``."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.hosts: dict[str, SimHost] = {}
+        self.addresses: list[HostAddress] = []
+        self.bridge = ""
+        self._record: registry.Record | None = None
+        self._net_namespaces: list[int] = []
+
+    # ----- paths -----
+    def host_dir(self, host: str) -> Path:
+        return self.spec.workdir / host
+
+    def ml_dir(self, host: str) -> Path:
+        """The host's /opt/ml tree as seen from outside the cluster."""
+        return self.host_dir(host) / "opt-ml"
+
+    @property
+    def leader(self) -> str:
+        return sorted(self.spec.host_names)[0]
+
+    # ----- lifecycle -----
+    def __enter__(self) -> Cluster:
+        self.up()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.down()
+
+    def up(self) -> None:
+        """Bring every host up; on any failure, undo what was done and raise ClusterError."""
+        check_prerequisites()
+        try:
+            self._allocate()
+            self._prepare_files()
+            for address in self.addresses:
+                self.hosts[address.name] = SimHost.start(address, self._layout(address.name))
+            self._net_namespaces = [ns for host in self.hosts.values() if (ns := host.net_namespace)]
+            run(["ip", "link", "add", self.bridge, "type", "bridge"])
+            run(["ip", "link", "set", self.bridge, "up"])
+            for host in self.hosts.values():
+                host.connect(self.bridge)
+        except BaseException:
+            self.down()
+            raise
+
+    def _allocate(self) -> None:
+        with registry.locked():
+            registry.clean_abandoned()
+            records = registry.load_all()
+            cluster_id = registry.new_cluster_id()
+            slot = registry.free_slot(records)
+            self.addresses = host_addresses(self.spec.hosts, cluster_id, slot)
+            self.bridge = bridge_name(cluster_id)
+            created = [str(path) for path in _make_mountpoints([self.spec.ml_path, SSH_DIR])]
+            self._record = registry.Record(
+                cluster_id=cluster_id,
+                owner_pid=os.getpid(),
+                slot=slot,
+                links=(self.bridge, *(address.outer_link for address in self.addresses)),
+                created_dirs=tuple(created),
+            )
+            self._record.save()
+
+    def _prepare_files(self) -> None:
+        workdir = self.spec.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        key = workdir / "cluster-key" / "id_ed25519"
+        if not key.exists():
+            key.parent.mkdir(mode=0o700, exist_ok=True)
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "smhvd-cluster", "-f", str(key)])
+        public = key.with_suffix(".pub").read_text()
+        etc_hosts = hosts_file(self.addresses)
+        for name in self.spec.host_names:
+            host_dir = self.host_dir(name)
+            etc = host_dir / "etc"
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(etc_hosts)
+            if ETC_ENVIRONMENT.exists():
+                shutil.copyfile(ETC_ENVIRONMENT, etc / "environment")
+            ssh = host_dir / "ssh"
+            ssh.mkdir(mode=0o700, exist_ok=True)
+            shutil.copyfile(key, ssh / "id_ed25519")
+            (ssh / "id_ed25519").chmod(0o600)
+            (ssh / "id_ed25519.pub").write_text(public)
+            (ssh / "authorized_keys").write_text(public)
+            (ssh / "authorized_keys").chmod(0o600)
+            if self.spec.ssh_client_config:
+                (ssh / "config").write_text(SSH_CLIENT_CONFIG)
+            write_ml_tree(self.ml_dir(name), self.spec, name)
+
+    def _layout(self, name: str) -> HostLayout:
+        etc = self.host_dir(name) / "etc"
+        binds = [(etc / "hosts", Path("/etc/hosts")), (self.host_dir(name) / "ssh", SSH_DIR)]
+        if ETC_ENVIRONMENT.exists():
+            binds.append((etc / "environment", ETC_ENVIRONMENT))
+        binds.append((self.ml_dir(name), self.spec.ml_path))
+        binds.extend(self.spec.extra_binds)
+        tmpfs = [(Path("/run"), "0755"), (Path("/dev/shm"), "1777")]
+        if self.spec.private_tmp:
+            tmpfs.append((Path("/tmp"), "1777"))
+        return HostLayout(
+            hostname=name, binds=tuple(binds), tmpfs=tuple(tmpfs), dirs=((Path("/run/sshd"), "0755"),)
+        )
+
+    def down(self) -> None:
+        """Tear everything down; safe to call more than once and after a partial up()."""
+        for host in self.hosts.values():
+            host.stop()
+        self.hosts.clear()
+        if self._record is not None:
+            outer = [address.outer_link for address in self.addresses]
+            # Links still present after the deadline are deleted by release() below.
+            with contextlib.suppress(ClusterError):
+                wait_for(
+                    lambda: None if any(Path("/sys/class/net", link).exists() for link in outer) else True,
+                    "the hosts' veth links to vanish with their namespaces",
+                    LINK_GONE_TIMEOUT,
+                )
+            with registry.locked():
+                registry.release(self._record)
+            self._record = None
+
+    # ----- running commands -----
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A container-like environment: nothing inherited from the caller but what is listed here."""
+        prefix = self.spec.path_prefix or (str(Path(sys.executable).parent),)
+        env = {
+            "PATH": ":".join((*prefix, *STANDARD_PATH)),
+            "HOME": "/root",
+            "USER": "root",
+            "LOGNAME": "root",
+            "LANG": "C.UTF-8",
+        }
+        if self.spec.ml_path != DEFAULT_ML_PATH:
+            env["SAGEMAKER_BASE_DIR"] = str(self.spec.ml_path)
+        env.update(self.spec.env)
+        env.update(extra or {})
+        return env
+
+    def host(self, name: str) -> SimHost:
+        try:
+            return self.hosts[name]
+        except KeyError:
+            raise ClusterError(f"no host {name!r} (hosts: {', '.join(self.hosts)})") from None
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        log: Path | None = None,
+        echo: TextIO | None = None,
+        exited: threading.Event | None = None,
+    ) -> HostProcess:
+        """Start ``argv`` inside host ``name`` (cwd /, the cluster's environment plus ``env``)."""
+        return HostProcess(
+            self.host(name),
+            argv,
+            self.env(env),
+            log or self.host_dir(name) / "train.log",
+            echo,
+            exited,
+        )
+
+    def exec(self, name: str, argv: Sequence[str], *, timeout: float = 60.0) -> tuple[int, str]:
+        """Run a short command inside host ``name``; return its exit code and combined output."""
+        return _run_captured(self.host(name).command(list(argv)), self.env(), timeout)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        down: Sequence[str] = (),
+        faults: Sequence[Fault] = (),
+        timeout: float = 600.0,
+        grace: float = 10.0,
+        echo: TextIO | None = None,
+    ) -> dict[str, HostResult]:
+        """Run ``argv`` on every host except those in ``down`` at once, as SageMaker starts ``train`` on
+        every instance; wait for all, applying ``faults``; return each host's result (by host name)."""
+        for name in [*down, *(fault.host for fault in faults)]:
+            self.host(name)
+        exited = threading.Event()
+        processes = {
+            name: self.start(name, argv, env=env, echo=echo, exited=exited)
+            for name in self.spec.host_names
+            if name not in down
+        }
+        timed_out = supervise(
+            processes, self.hosts, timeout=timeout, faults=faults, grace=grace, exited=exited
+        )
+        for process in processes.values():
+            process.finish_output()
+        now = time.time()
+        results = {name: process.result(timed_out[name]) for name, process in processes.items()}
+        for name in down:
+            results[name] = HostResult(name, None, now, None, self.host_dir(name) / "train.log")
+        return dict(sorted(results.items()))
+
+    # ----- checks -----
+    def leftovers(self) -> list[str]:
+        """What is still present of this cluster after down(): the answer must be empty."""
+        found = [
+            f"process {pid} ({' '.join(procfs.command_line(pid))[:60]})"
+            for pid in procfs.all_pids()
+            if procfs.namespace_id(pid, "net") in self._net_namespaces
+        ]
+        found += [
+            f"link {link.name}"
+            for link in Path("/sys/class/net").iterdir()
+            if link.name == self.bridge or link.name.startswith(f"{self.bridge}h")
+        ]
+        cluster_id = self.bridge.removeprefix(LINK_PREFIX)
+        found += [f"registry record {path}" for path in registry.REGISTRY.glob(f"{cluster_id}.json")]
+        return found
+
+
+def _make_mountpoints(paths: Sequence[Path]) -> list[Path]:
+    """Create missing mountpoints (and parents); return what was created, deepest first, for rmdir."""
+    created: list[Path] = []
+    for path in paths:
+        missing = [parent for parent in [path, *path.parents] if not parent.exists()]
+        path.mkdir(parents=True, exist_ok=True)
+        created.extend(missing)
+    return created
+
+
+def _run_captured(argv: list[str], env: Mapping[str, str], timeout: float) -> tuple[int, str]:
+    done = subprocess.run(
+        argv,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return done.returncode, done.stdout + done.stderr
