@@ -1,0 +1,68 @@
+"""Domain errors and the exit codes they map to (one place: cli.py turns them into exits).
+
+Exit codes follow sysexits.h so that a launcher failure is never mistaken for a training script's own code:
+when the job ran, `train` exits with mpirun's code (the failing rank's code, or 128+N for signal N).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+EX_OK = 0
+EX_USAGE = 64  # bad command line
+EX_NOINPUT = 66  # training code could not be fetched
+EX_UNAVAILABLE = 69  # a peer host never came up, or the leader was lost mid-job
+EX_SOFTWARE = 70  # internal error, or the code's requirements.txt failed to install
+EX_CONFIG = 78  # malformed or inconsistent /opt/ml configuration
+EX_STOPPED = 128 + 15  # stopped by SIGTERM (how SageMaker stops a job)
+
+
+class LauncherError(Exception):
+    """An error the launcher reports as one line, with a distinct exit code."""
+
+    exit_code = EX_SOFTWARE
+
+
+class ConfigError(LauncherError):
+    """Bad configuration: names the file, the key and what was expected."""
+
+    exit_code = EX_CONFIG
+
+    def __init__(self, source: Path | str, key: str | None, expected: str, got: object = ...) -> None:
+        self.source = str(source)
+        self.key = key
+        self.expected = expected
+        where = f"{self.source}: {key}" if key else self.source
+        message = f"{where}: expected {expected}"
+        if got is not ...:
+            message += f", got {_short(got)}"
+        super().__init__(message)
+
+
+class SourceError(LauncherError):
+    """The training code (sagemaker_submit_directory) could not be fetched or unpacked."""
+
+    exit_code = EX_NOINPUT
+
+
+class RequirementsError(LauncherError):
+    """pip failed on the submitted requirements.txt."""
+
+    exit_code = EX_SOFTWARE
+
+
+class PeerError(LauncherError):
+    """A host of the cluster could not be reached, or was lost."""
+
+    exit_code = EX_UNAVAILABLE
+
+
+class WaitTimeout(LauncherError):
+    """A bounded wait ran out; the message says what was awaited and the last error seen."""
+
+    exit_code = EX_UNAVAILABLE
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,91 @@
+"""What failed, said in one line, with the evidence (the failing rank's stderr tail) after it.
+
+The rank wrapper reports a failing rank on its stderr as one marker line (JSON); mpirun forwards it to the
+leader, which takes the first one as the root cause. `/opt/ml/output/failure` is written once: the first
+writer wins, so a reason the training script wrote itself is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MARKER = "@@smhvd-rank-failure@@ "
+FAILURE_LIMIT = 1024  # SageMaker shows the first 1024 characters as FailureReason
+_MAX_MARKER_TAIL = 2000  # keep the marker line well below a pipe's atomic write size
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int | None
+    host: str | None
+    exit_code: int | None = None  # when the process exited
+    signal: int | None = None  # when it was killed by a signal
+    stderr_tail: str = ""
+
+    def headline(self) -> str:
+        who = "rank ?" if self.rank is None else f"rank {self.rank}"
+        if self.host:
+            who += f" on {self.host}"
+        if self.signal is not None:
+            return f"{who} was killed by signal {self.signal} ({signal_name(self.signal)})"
+        return f"{who} exited with code {self.exit_code}"
+
+    def to_marker(self) -> str:
+        data = asdict(self)
+        data["stderr_tail"] = self.stderr_tail[-_MAX_MARKER_TAIL:]
+        return MARKER + json.dumps(data, separators=(",", ":")) + "\n"
+
+    @classmethod
+    def from_marker(cls, line: str) -> RankFailure | None:
+        if not line.startswith(MARKER):
+            return None
+        try:
+            data = json.loads(line[len(MARKER) :])
+            return cls(
+                rank=data.get("rank"),
+                host=data.get("host"),
+                exit_code=data.get("exit_code"),
+                signal=data.get("signal"),
+                stderr_tail=str(data.get("stderr_tail") or ""),
+            )
+        except (ValueError, TypeError, AttributeError):
+            return None
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def compose(headline: str, detail: str = "", limit: int = FAILURE_LIMIT) -> str:
+    """One headline, then as much of the end of `detail` as fits, starting at a line boundary if possible."""
+    headline = headline.strip().replace("\n", " ")[:limit]
+    detail = detail.strip()
+    room = limit - len(headline) - 1
+    if not detail or room <= 0:
+        return headline
+    if len(detail) > room:
+        cut = detail[-room:]
+        newline = cut.find("\n")
+        detail = cut[newline + 1 :] if 0 <= newline < len(cut) // 2 else cut
+    return f"{headline}\n{detail}"
+
+
+def write_failure(path: Path, text: str) -> bool:
+    """Write the failure reason unless one is there already. True when this call wrote it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    except OSError:
+        return False  # a failure we cannot record must not hide the one we are reporting
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return True

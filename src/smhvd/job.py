@@ -1,0 +1,97 @@
+"""Everything the launcher knows about the job, loaded once from the /opt/ml tree and validated."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .config import (
+    Channel,
+    ResourceConfig,
+    parse_hyperparameters_file,
+    parse_input_data_config,
+    parse_resource_config,
+    read_json,
+)
+from .errors import ConfigError
+from .hardware import interface_names, num_cpus, num_gpus
+from .hyperparameters import decode_hyperparameters, split_hyperparameters
+from .paths import SageMakerPaths
+from .settings import Settings, parse_settings
+
+
+@dataclass(frozen=True)
+class Hardware:
+    cpus: int
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Job:
+    paths: SageMakerPaths
+    resources: ResourceConfig
+    channels: tuple[Channel, ...]
+    raw_resources: Mapping[str, object]
+    raw_input_data: Mapping[str, object]
+    user_hyperparameters: Mapping[str, object]
+    settings: Settings
+    hardware: Hardware
+
+    @property
+    def multi_host(self) -> bool:
+        return len(self.resources.hosts) > 1
+
+    @property
+    def processes_per_host(self) -> int:
+        pph = self.settings.mpi.processes_per_host
+        return pph if pph is not None else max(self.hardware.gpus, 1)
+
+    @property
+    def num_processes(self) -> int:
+        total = self.settings.mpi.num_processes
+        return total if total is not None else self.processes_per_host * len(self.resources.hosts)
+
+
+def load_job(paths: SageMakerPaths, hardware: Hardware | None = None) -> Job:
+    raw_resources = read_json(paths.resource_config, required=True)
+    resources = parse_resource_config(raw_resources, str(paths.resource_config))
+    raw_input = read_json(paths.input_data_config, required=False)
+    channels = parse_input_data_config(raw_input, str(paths.input_data_config))
+    raw_hps = parse_hyperparameters_file(
+        read_json(paths.hyperparameters, required=False), str(paths.hyperparameters)
+    )
+    reserved, user = split_hyperparameters(decode_hyperparameters(raw_hps))
+    settings = parse_settings(reserved)
+    job = Job(
+        paths=paths,
+        resources=resources,
+        channels=channels,
+        raw_resources=raw_resources if isinstance(raw_resources, dict) else {},
+        raw_input_data=raw_input if isinstance(raw_input, dict) else {},
+        user_hyperparameters=user,
+        settings=settings,
+        hardware=hardware or Hardware(cpus=num_cpus(), gpus=num_gpus()),
+    )
+    validate_job(job, interface_names() if job.multi_host else set())
+    return job
+
+
+def validate_job(job: Job, interfaces: set[str]) -> None:
+    """Cross-file checks: only what can be known before anything starts."""
+    mpi = job.settings.mpi
+    if mpi.enabled and job.num_processes > job.processes_per_host * len(job.resources.hosts):
+        raise ConfigError(
+            "hyperparameters.json",
+            "sagemaker_mpi_num_processes",
+            f"at most {job.processes_per_host * len(job.resources.hosts)} "
+            f"({job.processes_per_host} per host x {len(job.resources.hosts)} hosts)",
+            job.num_processes,
+        )
+    iface = job.resources.network_interface_name
+    if job.multi_host and mpi.enabled and iface is not None and iface not in interfaces:
+        raise ConfigError(
+            str(job.paths.resource_config),
+            "network_interface_name",
+            f"an interface of this host ({', '.join(sorted(interfaces))})",
+            iface,
+        )

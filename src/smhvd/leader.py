@@ -1,0 +1,108 @@
+"""The leader (sorted(hosts)[0]): hostfile, reach the workers, run mpirun, report, tell the workers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from . import failure
+from .errors import EX_STOPPED
+from .hostfile import render_hostfile
+from .job import Job
+from .mpi_command import MpiPlan, build_mpirun_argv, display, forwarded_names
+from .mpi_output import parse_mpirun_verdict
+from .peers import WorkerLink, connect_all
+from .signals import SignalWatch
+from .sshd import render_ssh_config, ssh_port
+from .supervisor import Outcome, supervise
+
+log = logging.getLogger("smhvd")
+
+
+def plan_for(
+    job: Job, program: Sequence[str], env: Mapping[str, str], run_dir: Path, code_dir: Path
+) -> MpiPlan:
+    multi = job.multi_host
+    pph = job.processes_per_host
+    iface = job.resources.network_interface_name if multi else None
+    set_env: list[tuple[str, str]] = []
+    if iface and "NCCL_SOCKET_IFNAME" not in env:
+        set_env.append(("NCCL_SOCKET_IFNAME", iface))
+    launcher = job.settings.launcher
+    return MpiPlan(
+        num_processes=job.num_processes,
+        hostfile=run_dir / "hostfile",
+        workdir=code_dir,
+        program=tuple(program),
+        interface=iface,
+        ssh_config=run_dir / "ssh_config" if multi else None,
+        yield_when_idle=pph >= job.hardware.cpus,
+        forward=forwarded_names(env, launcher.forward_env, aws_credentials=launcher.forward_aws_credentials),
+        set_env=tuple(set_env),
+        custom_options=job.settings.mpi.custom_options,
+        drop_defaults=job.settings.mpi.drop_defaults,
+    )
+
+
+def rank_command(program: Sequence[str]) -> list[str]:
+    """Every rank runs under the wrapper (smhvd.rank), with this interpreter."""
+    return [sys.executable, "-m", "smhvd.rank", "--", *program]
+
+
+def failure_reason(outcome: Outcome) -> str:
+    """The failure file's text: the first failed rank and its stderr, else mpirun's own last words."""
+    first = outcome.output.failures[0] if outcome.output.failures else None
+    first = first or parse_mpirun_verdict(outcome.output.tail_text())
+    if first is not None:
+        return failure.compose(first.headline(), first.stderr_tail or outcome.output.tail_text())
+    return failure.compose(f"mpirun exited with code {outcome.exit_code}", outcome.output.tail_text())
+
+
+def conclude(job: Job, outcome: Outcome) -> tuple[int, str]:
+    """The job's exit code and failure reason; writes the failure file (first writer wins)."""
+    if outcome.stopped:
+        log.info("job stopped (mpirun exit %d)", outcome.exit_code)
+        return EX_STOPPED, ""
+    if outcome.exit_code == 0:
+        log.info("job succeeded")
+        return 0, ""
+    reason = failure_reason(outcome)
+    failure.write_failure(job.paths.failure_file, reason)
+    log.error("job failed (exit %d): %s", outcome.exit_code, reason.splitlines()[0])
+    return outcome.exit_code, reason
+
+
+def run_leader(
+    job: Job, program: Sequence[str], env: Mapping[str, str], run_dir: Path, code_dir: Path
+) -> int:
+    plan = plan_for(job, rank_command(program), env, run_dir, code_dir)
+    hosts = list(job.resources.hosts) if job.multi_host else ["localhost"]
+    plan.hostfile.write_text(render_hostfile(hosts, job.processes_per_host))
+    links: list[WorkerLink] = []
+    with SignalWatch() as watch:
+        if job.multi_host:
+            port = ssh_port(os.environ)
+            assert plan.ssh_config is not None
+            plan.ssh_config.write_text(render_ssh_config(port))
+            log.info(
+                "waiting for workers %s (up to %gs)",
+                ", ".join(job.resources.workers),
+                job.settings.launcher.peer_timeout,
+            )
+            links = connect_all(
+                job.resources.workers, plan.ssh_config, port, job.settings.launcher.peer_timeout
+            )
+            for worker in links:
+                worker.send({"event": "start"})
+        argv = build_mpirun_argv(plan)
+        log.info("starting %d processes: %s", plan.num_processes, display(argv))
+        outcome = supervise(argv, env, code_dir, keep=[w.proc.pid for w in links], watch=watch)
+    code, reason = conclude(job, outcome)
+    for worker in links:
+        worker.send({"event": "end", "exit_code": code, "reason": reason})
+    for worker in links:
+        worker.close()
+    return code

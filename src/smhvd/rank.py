@@ -1,0 +1,122 @@
+"""The rank wrapper: `python -m smhvd.rank -- PROGRAM ARGS`, started by mpirun for every rank.
+
+- Fixes the host-specific SM_* variables from this host's own resourceconfig.json (mpirun forwards the
+  leader's values), so each rank sees its own SM_CURRENT_HOST.
+- Streams the program's stderr through unchanged and keeps its tail; when the program fails, prints one
+  marker line (failure.MARKER + JSON) that the leader picks out of mpirun's output as the root cause.
+- Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP to the program. A stop request (SIGTERM or SIGINT) that
+  ends the program counts as a clean exit, so mpirun does not kill the other ranks while they checkpoint.
+- The program dies with the wrapper (PR_SET_PDEATHSIG): nothing outlives a killed rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+
+from .config import parse_resource_config, read_json
+from .environment import host_env
+from .errors import LauncherError
+from .failure import RankFailure
+from .hardware import num_cpus, num_gpus
+from .processes import die_with_parent
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+TAIL_BYTES = 8192
+
+
+def local_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment for the program on this host: the forwarded one with this host's own values."""
+    result = dict(env)
+    base = Path(env.get("SAGEMAKER_BASE_DIR") or "/opt/ml")
+    path = base / "input" / "config" / "resourceconfig.json"
+    try:
+        raw = read_json(path, required=True)
+        resources = parse_resource_config(raw, str(path))
+    except LauncherError:
+        return result  # not a SageMaker tree (plain mpirun use): keep what was forwarded
+    try:
+        summary = json.loads(env.get("SM_TRAINING_ENV", "{}"))
+    except ValueError:
+        summary = {}
+    result.update(
+        host_env(resources, raw if isinstance(raw, dict) else {}, num_cpus(), num_gpus(), summary or {})
+    )
+    return result
+
+
+def _identity(env: Mapping[str, str]) -> tuple[int | None, str | None]:
+    rank = env.get("OMPI_COMM_WORLD_RANK") or env.get("PMIX_RANK")
+    return (int(rank) if rank and rank.isdigit() else None), env.get("SM_CURRENT_HOST")
+
+
+def run(program: list[str]) -> int:
+    env = local_env(os.environ)
+    stop_requested = False
+    proc = subprocess.Popen(program, env=env, stderr=subprocess.PIPE, preexec_fn=die_with_parent)  # noqa: PLW1509
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stop_requested
+        if signum in STOP_SIGNALS:
+            stop_requested = True
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    for sig in FORWARDED_SIGNALS:
+        signal.signal(sig, forward)
+
+    tail: deque[bytes] = deque()
+    size = 0
+    last = b"\n"
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    while chunk := os.read(fd, 65536):
+        os.write(2, chunk)
+        last = chunk[-1:]
+        tail.append(chunk)
+        size += len(chunk)
+        while size > TAIL_BYTES and len(tail) > 1:
+            size -= len(tail.popleft())
+    code = proc.wait()
+
+    if code == 0 or (stop_requested and -code in STOP_SIGNALS):
+        return 0
+    rank, host = _identity(env)
+    failure = RankFailure(
+        rank=rank,
+        host=host,
+        exit_code=code if code > 0 else None,
+        signal=-code if code < 0 else None,
+        stderr_tail=b"".join(tail).decode(errors="replace")[-TAIL_BYTES:],
+    )
+    os.write(2, (b"" if last == b"\n" else b"\n") + failure.to_marker().encode())
+    if code < 0:  # die the same way, so mpirun reports the signal
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code if code > 0 else 128 - code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        sys.stderr.write("usage: python -m smhvd.rank -- PROGRAM [ARGS...]\n")
+        return 64
+    try:
+        return run(args)
+    except FileNotFoundError as exc:
+        sys.stderr.write(f"smhvd.rank: cannot run {args[0]}: {exc.strerror}\n")
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())

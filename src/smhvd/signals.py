@@ -1,0 +1,53 @@
+"""Signals as events: handlers only note the signal; a wakeup fd lets select() loops react at once."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from types import TracebackType
+
+WATCHED = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP)
+
+
+class SignalWatch:
+    """Context manager: while active, WATCHED signals become bytes on `fileno()`; `drain()` returns them."""
+
+    def __init__(self) -> None:
+        self._recv, self._send = socket.socketpair()
+        self._recv.setblocking(False)
+        self._send.setblocking(False)
+        self._previous: dict[int, object] = {}
+        self._old_fd = -1
+
+    def __enter__(self) -> SignalWatch:
+        self._old_fd = signal.set_wakeup_fd(self._send.fileno(), warn_on_full_buffer=False)
+        for sig in WATCHED:
+            self._previous[sig] = signal.signal(sig, lambda *_: None)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        signal.set_wakeup_fd(self._old_fd)
+        self._recv.close()
+        self._send.close()
+
+    def fileno(self) -> int:
+        return self._recv.fileno()
+
+    def drain(self) -> list[int]:
+        received: list[int] = []
+        while True:
+            try:
+                data = self._recv.recv(512)
+            except BlockingIOError:
+                return received
+            if not data:
+                return received
+            received += list(data)
+
+
+def is_stop(sig: int) -> bool:
+    return sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -1,0 +1,164 @@
+"""Script mode: find the training code, fetch and unpack it, install its requirements.txt.
+
+Where the code comes from (`resolve_source`, pure):
+- `sagemaker_submit_directory` = a local directory: used in place;
+- = a local .tar.gz (path or file:// URI): unpacked into <root>/code;
+- = s3://bucket/key.tar.gz: downloaded with boto3 (endpoint: AWS_ENDPOINT_URL_S3) and unpacked;
+- absent: <root>/code (program from `sagemaker_program` or env SAGEMAKER_PROGRAM).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal
+from urllib.parse import urlparse
+
+from .errors import ConfigError, RequirementsError, SourceError
+from .paths import SageMakerPaths
+from .settings import ProgramSettings
+
+SourceKind = Literal["directory", "archive", "s3"]
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: SourceKind
+    location: str  # a directory, an archive path, or an s3:// URI
+    program: str
+    code_dir: Path  # where the program runs from
+
+
+def resolve_source(program: ProgramSettings, paths: SageMakerPaths, env: Mapping[str, str]) -> Source:
+    name = program.program or env.get("SAGEMAKER_PROGRAM")
+    if not name:
+        raise ConfigError(
+            "hyperparameters.json",
+            "sagemaker_program",
+            "the training script's file name (or env SAGEMAKER_PROGRAM)",
+        )
+    if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
+        raise ConfigError(
+            "hyperparameters.json", "sagemaker_program", "a path relative to the code directory", name
+        )
+    location = program.submit_directory
+    if location is None:
+        return Source("directory", str(paths.code_dir), name, paths.code_dir)
+    if location.startswith("s3://"):
+        parsed = urlparse(location)
+        if not parsed.netloc or not parsed.path.strip("/"):
+            raise ConfigError(
+                "hyperparameters.json", "sagemaker_submit_directory", "s3://bucket/key", location
+            )
+        return Source("s3", location, name, paths.code_dir)
+    if location.startswith("file://"):
+        location = urlparse(location).path
+    if "://" in location:
+        raise ConfigError(
+            "hyperparameters.json",
+            "sagemaker_submit_directory",
+            "a local directory, a local .tar.gz or an s3:// URI",
+            location,
+        )
+    if Path(location).is_dir():
+        return Source("directory", location, name, Path(location))
+    if Path(location).is_file():
+        return Source("archive", location, name, paths.code_dir)
+    raise ConfigError(
+        "hyperparameters.json", "sagemaker_submit_directory", "an existing directory or .tar.gz", location
+    )
+
+
+def fetch_source(source: Source, region: str | None) -> None:
+    """Make source.code_dir hold the code. Nothing to do for a directory used in place."""
+    if source.kind == "directory":
+        return
+    with tempfile.TemporaryDirectory(prefix="smhvd-code-") as tmp:
+        archive = Path(source.location)
+        if source.kind == "s3":
+            archive = Path(tmp) / "sourcedir.tar.gz"
+            download_s3(source.location, archive, region)
+        staging = Path(tmp) / "code"
+        extract_archive(archive, staging, source.location)
+        source.code_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(staging, source.code_dir, dirs_exist_ok=True)
+
+
+def download_s3(uri: str, target: Path, region: str | None) -> None:
+    parsed = urlparse(uri)
+    try:
+        import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        raise SourceError(f"sagemaker_submit_directory: {uri}: boto3 is not installed") from None
+    client = boto3.client("s3", region_name=region or os.environ.get("AWS_REGION") or "us-east-1")
+    try:
+        client.download_file(parsed.netloc, parsed.path.lstrip("/"), str(target))
+    except (BotoCoreError, ClientError) as exc:
+        raise SourceError(f"sagemaker_submit_directory: could not download {uri}: {exc}") from None
+
+
+def extract_archive(archive: Path, target: Path, label: str) -> None:
+    """Unpack a tar(.gz), refusing members that would land outside the target or are not plain files/dirs."""
+    try:
+        with tarfile.open(archive) as tar:
+            members = tar.getmembers()
+            for member in members:
+                parts = PurePosixPath(member.name).parts
+                if PurePosixPath(member.name).is_absolute() or ".." in parts:
+                    raise SourceError(
+                        f"sagemaker_submit_directory: {label}: unsafe path in archive: {member.name}"
+                    )
+                if not (member.isfile() or member.isdir()):
+                    raise SourceError(
+                        f"sagemaker_submit_directory: {label}: only files and directories are allowed, "
+                        f"found {member.name}"
+                    )
+            target.mkdir(parents=True, exist_ok=True)
+            tar.extractall(target, members=members)  # noqa: S202  (members validated above)
+    except (tarfile.TarError, OSError) as exc:
+        raise SourceError(
+            f"sagemaker_submit_directory: {label}: not a readable tar archive ({exc})"
+        ) from None
+
+
+def program_path(source: Source) -> Path:
+    path = source.code_dir / source.program
+    if not path.is_file():
+        raise ConfigError(
+            "hyperparameters.json", "sagemaker_program", f"a file in {source.code_dir}", source.program
+        )
+    return path
+
+
+def program_command(path: Path, python: str = sys.executable) -> list[str]:
+    """How to run the entry point: Python scripts with this interpreter, shell scripts with bash."""
+    if path.suffix == ".py":
+        return [python, str(path)]
+    if path.suffix == ".sh":
+        return ["/bin/bash", str(path)]
+    if os.access(path, os.X_OK):
+        return [str(path)]
+    return [python, str(path)]
+
+
+def install_requirements(code_dir: Path, python: str = sys.executable) -> bool:
+    """pip install -r requirements.txt when the code has one; True when something was installed."""
+    requirements = code_dir / "requirements.txt"
+    if not requirements.is_file():
+        return False
+    argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
+    result = subprocess.run(argv, cwd=code_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    if result.returncode != 0:
+        tail = result.stdout.decode(errors="replace").strip().splitlines()[-3:]
+        raise RequirementsError(
+            f"{requirements}: pip install failed (exit {result.returncode}): {' | '.join(tail)}"
+        )
+    return True

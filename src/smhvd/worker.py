@@ -1,0 +1,180 @@
+"""A worker (every host but the leader): run sshd, wait for the leader's link, exit when the job ends.
+
+The wait before the job starts is bounded (launcher_leader_timeout_seconds); once it started, the worker
+waits for the leader's `end` event and exits with the job's exit code within milliseconds, or at once with
+EX_UNAVAILABLE when the link closes without one (the leader died).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import failure, link
+from .errors import EX_STOPPED, EX_UNAVAILABLE, PeerError
+from .job import Job
+from .processes import kill_descendants, reap_orphans
+from .signals import SignalWatch, is_stop
+from .sshd import ssh_port, start_sshd
+from .supervisor import stop_local_ranks
+
+log = logging.getLogger("smhvd")
+STOP_GRACE = 110.0  # after SIGTERM, how long to wait for the leader's verdict (SageMaker kills at 120 s)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    exit_code: int
+    reason: str
+
+
+def listen(port: int) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(link.socket_name(port))
+    except OSError:
+        server.close()
+        raise PeerError(f"another launcher already serves port {port} on this host") from None
+    server.listen(16)
+    server.setblocking(False)
+    return server
+
+
+def _same_user(conn: socket.socket) -> bool:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    return bool(uid == os.getuid())
+
+
+class LinkWaiter:
+    """Accepts the leader's link(s) and turns their lines into a Verdict."""
+
+    def __init__(self, server: socket.socket, leader: str, start_timeout: float, watch: SignalWatch) -> None:
+        self.server = server
+        self.leader = leader
+        self.start_timeout = start_timeout
+        self.watch = watch
+        self.started = False
+        self.stopping_since: float | None = None
+        self.buffers: dict[socket.socket, bytes] = {}
+
+    def wait(self, keep: list[int]) -> Verdict:
+        deadline = time.monotonic() + self.start_timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.server, selectors.EVENT_READ)
+            sel.register(self.watch.fileno(), selectors.EVENT_READ)
+            while True:
+                timeout = self._timeout(deadline)
+                if timeout is not None and timeout <= 0:
+                    return self._timed_out()
+                for key, _ in sel.select(timeout):
+                    verdict = self._handle(key.fileobj, sel, keep)
+                    if verdict is not None:
+                        return verdict
+
+    def _timeout(self, deadline: float) -> float | None:
+        if self.stopping_since is not None:
+            return self.stopping_since + STOP_GRACE - time.monotonic()
+        return None if self.started else deadline - time.monotonic()
+
+    def _timed_out(self) -> Verdict:
+        if self.stopping_since is not None:
+            return Verdict(EX_STOPPED, "")
+        raise PeerError(
+            f"the leader {self.leader} did not start the job within {self.start_timeout:g}s "
+            f"(launcher_leader_timeout_seconds)"
+        )
+
+    def _handle(self, obj: object, sel: selectors.BaseSelector, keep: list[int]) -> Verdict | None:
+        if obj is self.server:
+            conn, _ = self.server.accept()
+            if _same_user(conn):
+                conn.setblocking(False)
+                self.buffers[conn] = b""
+                sel.register(conn, selectors.EVENT_READ)
+            else:
+                conn.close()
+            return None
+        if isinstance(obj, socket.socket):
+            return self._read(obj, sel)
+        for sig in self.watch.drain():
+            if is_stop(sig) and self.stopping_since is None:
+                self.stopping_since = time.monotonic()
+                if not self.started:
+                    return Verdict(EX_STOPPED, "")
+                log.warning(
+                    "%s received: SIGTERM sent to %d local rank(s); waiting for the leader",
+                    signal.Signals(sig).name,
+                    len(stop_local_ranks()),
+                )
+            elif sig == signal.SIGCHLD:
+                reap_orphans(keep)
+        return None
+
+    def _read(self, conn: socket.socket, sel: selectors.BaseSelector) -> Verdict | None:
+        data = conn.recv(65536)
+        if not data:
+            sel.unregister(conn)
+            self.buffers.pop(conn, None)
+            conn.close()
+            if self.started:  # the leader's session closed mid-job without a verdict
+                return Verdict(
+                    EX_STOPPED if self.stopping_since is not None else EX_UNAVAILABLE,
+                    f"lost the leader {self.leader} during the job: its link closed without a result "
+                    f"(leader host down or launcher killed); see {self.leader}'s log",
+                )
+            return None  # an attempt the leader abandoned before the job started
+        lines = (self.buffers[conn] + data).split(b"\n")
+        self.buffers[conn] = lines.pop()
+        for line in lines:
+            event = link.decode(line)
+            if event is None:
+                continue
+            if event["event"] == "start":
+                self.started = True
+                log.info("job started by %s", self.leader)
+            elif event["event"] == "end":
+                code = event.get("exit_code")
+                return Verdict(
+                    code if isinstance(code, int) else EX_UNAVAILABLE, str(event.get("reason") or "")
+                )
+        return None
+
+
+def run_worker(job: Job, run_dir: Path) -> int:
+    port = ssh_port(os.environ)
+    leader = job.resources.leader
+    with SignalWatch() as watch:
+        server = listen(port)
+        sshd = start_sshd(run_dir, port)
+        log.info(
+            "sshd listening on port %d; waiting for the leader %s (up to %gs)",
+            port,
+            leader,
+            job.settings.launcher.leader_timeout,
+        )
+        try:
+            verdict = LinkWaiter(server, leader, job.settings.launcher.leader_timeout, watch).wait([sshd.pid])
+        finally:
+            server.close()
+            sshd.terminate()
+            sshd.wait()
+            kill_descendants()
+    if verdict.exit_code not in (0, EX_STOPPED):
+        text = verdict.reason or f"the job failed with exit code {verdict.exit_code} (see {leader}'s log)"
+        failure.write_failure(job.paths.failure_file, text)
+        log.error("job failed (exit %d): %s", verdict.exit_code, text.splitlines()[0])
+    else:
+        log.info(
+            "job %s (exit %d)",
+            "stopped" if verdict.exit_code == EX_STOPPED else "succeeded",
+            verdict.exit_code,
+        )
+    return verdict.exit_code
