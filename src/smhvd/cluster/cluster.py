@@ -200,8 +200,11 @@ class Cluster:
         log: Path | None = None,
         echo: TextIO | None = None,
         exited: threading.Event | None = None,
+        end_host_on_exit: bool = False,
     ) -> HostProcess:
-        """Start ``argv`` inside host ``name`` (cwd /, the cluster's environment plus ``env``)."""
+        """Start ``argv`` inside host ``name`` (cwd /, the cluster's environment plus ``env``). With
+        ``end_host_on_exit``, the host is treated as a container whose main process is ``argv``: when it
+        exits, what it left running is recorded and killed."""
         return HostProcess(
             self.host(name),
             argv,
@@ -209,6 +212,7 @@ class Cluster:
             log or self.host_dir(name) / "train.log",
             echo,
             exited,
+            end_host_on_exit,
         )
 
     def exec(self, name: str, argv: Sequence[str], *, timeout: float = 60.0) -> tuple[int, str]:
@@ -227,12 +231,14 @@ class Cluster:
         echo: TextIO | None = None,
     ) -> dict[str, HostResult]:
         """Run ``argv`` on every host except those in ``down`` at once, as SageMaker starts ``train`` on
-        every instance; wait for all, applying ``faults``; return each host's result (by host name)."""
+        every instance; wait for all, applying ``faults``; return each host's result (by host name).
+        Each host behaves as a container whose main process is ``argv``: what it leaves running when it
+        exits is recorded (HostResult.left_running) and killed."""
         for name in [*down, *(fault.host for fault in faults)]:
             self.host(name)
         exited = threading.Event()
         processes = {
-            name: self.start(name, argv, env=env, echo=echo, exited=exited)
+            name: self.start(name, argv, env=env, echo=echo, exited=exited, end_host_on_exit=True)
             for name in self.spec.host_names
             if name not in down
         }

@@ -39,7 +39,9 @@ class Fault:
 @dataclass(frozen=True)
 class HostResult:
     """How the command ended on one host. exit_code is None when it never ran (host held down) or was
-    still running at the deadline (timed_out); killed by signal N reads 128+N, as a shell shows it."""
+    still running at the deadline (timed_out); killed by signal N reads 128+N, as a shell shows it.
+    left_running: the command lines of processes still alive on the host when the command exited (they
+    were then killed, as stopping a container kills everything in it)."""
 
     host: str
     exit_code: int | None
@@ -47,6 +49,7 @@ class HostResult:
     ended: float | None
     log: Path
     timed_out: bool = False
+    left_running: tuple[str, ...] = ()
 
     @property
     def seconds(self) -> float | None:
@@ -69,8 +72,11 @@ class HostProcess:
         log: Path,
         echo: TextIO | None = None,
         exited: threading.Event | None = None,
+        end_host_on_exit: bool = False,
     ) -> None:
         self.host = host
+        self._end_host_on_exit = end_host_on_exit
+        self.left_running: tuple[str, ...] = ()
         self.log = log
         self._exited = exited
         self.ended: float | None = None
@@ -104,6 +110,10 @@ class HostProcess:
     def _wait_exit(self) -> None:
         self.popen.wait()
         self.ended = time.time()
+        if self._end_host_on_exit:
+            survivors = [pid for pid in self.host.processes() if procfs.is_alive(pid)]
+            self.left_running = tuple(" ".join(procfs.command_line(pid)) for pid in survivors)
+            self.host.kill_processes()
         if self._exited is not None:
             self._exited.set()
 
@@ -148,6 +158,7 @@ class HostProcess:
             ended=self.ended,
             log=self.log,
             timed_out=timed_out,
+            left_running=self.left_running,
         )
 
 
