@@ -99,7 +99,8 @@ def run(program: list[str]) -> int:
     )
     os.write(2, (b"" if last == b"\n" else b"\n") + failure.to_marker().encode())
     if code < 0:  # die the same way, so mpirun reports the signal
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code if code > 0 else 128 - code
 
