@@ -1,0 +1,50 @@
+"""The training script of the launcher fault tests (copied into the job's code directory).
+
+Every rank records where it ran (output/data/rank-N.json: its host and the SM_CURRENT_HOST it saw), then:
+--mode ok: exits 0; --mode crash: the rank on --crash_host writes a marker to stderr and exits 3, the
+others run for a long time; --mode sleep: runs for a long time. On SIGTERM a rank saves a checkpoint
+(/opt/ml/checkpoints/rank-N) and exits 0, as a spot-training script does.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode", choices=["ok", "crash", "sleep"], default="ok")
+parser.add_argument("--crash_host", default="algo-2")
+parser.add_argument("--seconds", type=float, default=300.0)
+args = parser.parse_args()
+
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+host = socket.gethostname()
+output = Path(os.environ["SM_OUTPUT_DATA_DIR"])
+checkpoints = Path(os.environ.get("SM_CHECKPOINT_DIR", "/opt/ml/checkpoints"))
+
+
+def save_checkpoint(_signum: int, _frame: object) -> None:
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    (checkpoints / f"rank-{rank}").write_text(f"rank {rank} on {host} stopped at {time.time()}\n")
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, save_checkpoint)
+record = {
+    "rank": rank,
+    "host": host,
+    "sm_current_host": os.environ.get("SM_CURRENT_HOST"),
+    "time": time.time(),
+}
+(output / f"rank-{rank}.json").write_text(json.dumps(record))
+print(f"rank {rank} running on {host}", flush=True)
+if args.mode == "ok":
+    sys.exit(0)
+if args.mode == "crash" and host == args.crash_host:
+    print(f"probe-crash-marker: rank {rank} on {host} gives up", file=sys.stderr, flush=True)
+    sys.exit(3)
+time.sleep(args.seconds)  # SIGTERM interrupts it through save_checkpoint
