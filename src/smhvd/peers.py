@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import selectors
+import select
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import link
@@ -53,56 +53,89 @@ def ssh_command(ssh_config: Path, host: str, remote: Sequence[str]) -> list[str]
     return ["ssh", "-F", str(ssh_config), host, shlex.join(remote)]
 
 
-def _open_once(host: str, argv: list[str], attempt_timeout: float) -> WorkerLink:
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=die_with_parent,  # noqa: PLW1509  (if the leader dies, the session closes)
-    )
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        ready = sel.select(attempt_timeout)
-    line = proc.stdout.readline() if ready else b""
-    if line == link.READY:
-        return WorkerLink(host, proc)
-    proc.kill()
-    _, err = proc.communicate()
-    reason = err.decode(errors="replace").strip().splitlines()
-    raise NotYet(reason[-1] if reason else f"no answer within {attempt_timeout:g}s")
+ATTEMPT_TIMEOUT = 15.0  # one ssh attempt: connect + start the relay
 
 
-def connect(host: str, ssh_config: Path, port: int, timeout: float) -> WorkerLink:
-    argv = ssh_command(ssh_config, host, [sys.executable, "-m", "smhvd.link", str(port)])
-    deadline = time.monotonic() + timeout
+@dataclass
+class _Attempts:
+    """Attempts to reach one worker, all started from the main thread (PR_SET_PDEATHSIG is per thread)."""
 
-    def attempt() -> WorkerLink:
-        return _open_once(host, argv, max(1.0, min(15.0, deadline - time.monotonic())))
+    host: str
+    argv: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    next_try: float = 0.0
+    count: int = 0
+    last_error: str = "not tried yet"
 
-    return wait_until(
-        attempt, what=f"worker {host} (its sshd and launcher)", timeout=timeout, maximum=2.0, error=PeerError
-    )
+    def start(self, now: float) -> None:
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=die_with_parent,  # noqa: PLW1509  (if the leader dies, the session closes)
+        )
+        self.started = now
+        self.count += 1
+
+    def poll(self, now: float) -> WorkerLink | None:
+        """The link once the relay said ready; on a failed attempt, schedule the next one (backed off)."""
+        proc = self.proc
+        assert proc is not None
+        assert proc.stdout is not None
+        readable, _, _ = select.select([proc.stdout], [], [], 0)
+        if readable:
+            line = proc.stdout.readline()
+            if line == link.READY:
+                return WorkerLink(self.host, proc)
+        elif proc.poll() is None and now - self.started < ATTEMPT_TIMEOUT:
+            return None  # still connecting
+        proc.kill()
+        _, err = proc.communicate()
+        lines = err.decode(errors="replace").strip().splitlines()
+        self.last_error = lines[-1] if lines else f"no answer within {ATTEMPT_TIMEOUT:g}s"
+        self.proc = None
+        self.next_try = now + min(2.0, 0.1 * 1.6**self.count)
+        return None
 
 
-def connect_all(hosts: Sequence[str], ssh_config: Path, port: int, timeout: float) -> list[WorkerLink]:
+def connect_all(
+    hosts: Sequence[str],
+    ssh_config: Path,
+    port: int,
+    timeout: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[WorkerLink]:
     """Links to every host, or PeerError naming each host that did not come up (the others are closed)."""
-    if not hosts:
-        return []
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        futures = {host: pool.submit(connect, host, ssh_config, port, timeout) for host in hosts}
-    links, errors = [], []
-    for host, future in futures.items():
-        exc = future.exception()
-        if exc is None:
-            links.append(future.result())
-        else:
-            errors.append(f"{host}: {exc}")
-    if errors:
-        for worker in links:
-            worker.send({"event": "end", "exit_code": PeerError.exit_code, "reason": "; ".join(errors)})
+    remote = [sys.executable, "-m", "smhvd.link", str(port)]
+    attempts = [_Attempts(host, ssh_command(ssh_config, host, remote)) for host in hosts]
+    links: dict[str, WorkerLink] = {}
+
+    def all_linked() -> list[WorkerLink] | None:
+        now = clock()
+        for attempt in attempts:
+            if attempt.host in links:
+                continue
+            if attempt.proc is None:
+                if now >= attempt.next_try:
+                    attempt.start(now)
+            elif (worker := attempt.poll(now)) is not None:
+                links[attempt.host] = worker
+        if len(links) == len(attempts):
+            return [links[a.host] for a in attempts]
+        raise NotYet("; ".join(f"{a.host}: {a.last_error}" for a in attempts if a.host not in links))
+
+    try:
+        return wait_until(
+            all_linked, what="workers " + ", ".join(hosts), timeout=timeout, maximum=0.1, error=PeerError
+        )
+    except PeerError as exc:
+        for attempt in attempts:
+            if attempt.proc is not None and attempt.host not in links:
+                attempt.proc.kill()
+                attempt.proc.wait()
+        for worker in links.values():
+            worker.send({"event": "end", "exit_code": PeerError.exit_code, "reason": str(exc)})
             worker.close()
-        raise PeerError("; ".join(errors))
-    return links
+        raise

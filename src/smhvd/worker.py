@@ -96,6 +96,7 @@ class LinkWaiter:
         if obj is self.server:
             conn, _ = self.server.accept()
             if _same_user(conn):
+                log.debug("link from the leader connected")
                 conn.setblocking(False)
                 self.buffers[conn] = b""
                 sel.register(conn, selectors.EVENT_READ)
@@ -135,6 +136,7 @@ class LinkWaiter:
         self.buffers[conn] = lines.pop()
         for line in lines:
             event = link.decode(line)
+            log.debug("link event: %s", event)
             if event is None:
                 continue
             if event["event"] == "start":
