@@ -1,0 +1,209 @@
+"""The MNIST reference script trained for real: 2 ranks under mpirun, short runs on real data.
+
+Cost on 2 quiet cores: about 20-40 s per two-rank run (TensorFlow start-up dominates); about 3 min in all.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mnist_checkpoints
+import mnist_report
+import numpy as np
+import pytest
+from conftest import RUN_TIMEOUT, Job, mpirun_argv, run_script
+
+pytestmark = pytest.mark.integration
+
+
+def job_args(job: Job, *extra: str) -> list[str]:
+    return ["--checkpoint-dir", str(job.checkpoint_dir), *extra]
+
+
+def epoch_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("epoch=")]
+
+
+def read_history(job: Job) -> list[dict[str, str]]:
+    with (job.output_data_dir / "history.csv").open() as stream:
+        return list(csv.DictReader(stream))
+
+
+def metric(name: str, line: str) -> float:
+    regex = next(d["Regex"] for d in mnist_report.METRIC_DEFINITIONS if d["Name"] == name)
+    found = re.findall(regex, line)
+    assert len(found) == 1, (name, line)
+    return float(found[0])
+
+
+def assert_ok(result: subprocess.CompletedProcess[str]) -> None:
+    assert (
+        result.returncode == 0
+    ), f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+def test_two_ranks_learn_mnist_and_rank_0_alone_writes_one_model(job: Job) -> None:
+    result = run_script(job, job_args(job, "--epochs", "2", "--steps-per-epoch", "40"))
+    assert_ok(result)
+
+    # Rank 0 alone reports: one metric line per epoch (not one per rank), then the final line.
+    lines = epoch_lines(result.stdout)
+    assert [metric_line.split()[0] for metric_line in lines] == ["epoch=1", "epoch=2"]
+    for line in lines:
+        assert metric("train:images_per_sec", line) > 0
+        assert 0.5 < metric("validation:accuracy", line) <= 1.0
+    final = result.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"test_accuracy=0\.\d{4} test_loss=\d+\.\d{4}", final)
+
+    metrics = json.loads((job.output_data_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    assert metrics["epochs"] == 2
+    assert metrics["steps_per_epoch"] == 40
+    assert metrics["test_accuracy"] >= 0.90  # 2 x 40 steps x 128 images on the full 10k test set
+    assert metric("test:accuracy", final) == pytest.approx(metrics["test_accuracy"], abs=1e-4)
+    assert [row["epoch"] for row in read_history(job)] == ["1", "2"]
+    assert (job.output_data_dir / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # Exactly one model, a SavedModel under the version directory TF Serving expects; no leftovers.
+    assert [path.name for path in job.model_dir.iterdir()] == ["1"]
+    assert (job.model_dir / "1" / "saved_model.pb").is_file()
+    assert sorted(path.name for path in job.checkpoint_dir.iterdir()) == ["epoch-0001", "epoch-0002"]
+
+    # The saved model is usable on its own (no Horovod) and scores what the job reported.
+    check = (
+        "import sys, numpy as np, tensorflow as tf; sys.path.insert(0, sys.argv[2]); import mnist_data; "
+        "_, test = mnist_data.load(mnist_data.resolve_source('mnist', {})); "
+        "model = tf.keras.models.load_model(sys.argv[1]); "
+        "print(float(np.mean(np.argmax(model.predict(test.images, verbose=0), 1) == test.labels)))"
+    )
+    scored = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            check,
+            str(job.model_dir / "1"),
+            str(Path(__file__).parents[2] / "src/scripts/mnist"),
+        ],
+        env=job.env({"TF_CPP_MIN_LOG_LEVEL": "2"}),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    assert_ok(scored)
+    assert float(scored.stdout.strip().splitlines()[-1]) == pytest.approx(metrics["test_accuracy"], abs=1e-3)
+
+
+def wait_for_checkpoint(directory: Path, process: subprocess.Popen[str], deadline_seconds: float) -> int:
+    """Poll (with backoff) until a first complete checkpoint exists; returns its epoch."""
+    deadline = time.monotonic() + deadline_seconds
+    delay = 0.02
+    while time.monotonic() < deadline:
+        found = mnist_checkpoints.latest_checkpoint(directory)
+        if found is not None:
+            return found[0]
+        if process.poll() is not None:
+            pytest.fail(f"training ended (exit {process.returncode}) before writing a checkpoint")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+    pytest.fail(f"no checkpoint in {directory} after {deadline_seconds} s")
+
+
+def test_killed_after_an_epoch_it_resumes_from_the_checkpoint(job: Job) -> None:
+    epochs = 4
+    first = subprocess.Popen(
+        mpirun_argv(2, job_args(job, "--epochs", str(epochs), "--steps-per-epoch", "150")),
+        env=job.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for_checkpoint(job.checkpoint_dir, first, deadline_seconds=RUN_TIMEOUT)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the whole job at once, as a spot interruption does
+        first.communicate(timeout=60)
+    killed_at, _ = mnist_checkpoints.latest_checkpoint(job.checkpoint_dir)
+    assert 1 <= killed_at < epochs, "the job finished before it could be killed: make epochs longer"
+    assert not (job.model_dir / "1").exists()
+
+    # Restart with ONE step per epoch: accuracy can then only be high if the weights were restored (and
+    # broadcast to rank 1: each rank scores its own half of the test set).
+    result = run_script(job, job_args(job, "--epochs", str(epochs), "--steps-per-epoch", "1"))
+    assert_ok(result)
+    assert f"resuming from epoch {killed_at}: " in result.stdout
+    assert [line.split()[0] for line in epoch_lines(result.stdout)] == [
+        f"epoch={epoch}" for epoch in range(killed_at + 1, epochs + 1)
+    ]
+    metrics = json.loads((job.output_data_dir / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] == killed_at
+    assert metrics["test_accuracy"] >= 0.90
+    # The curves cover the whole training, the epochs before the kill included, each once.
+    assert [row["epoch"] for row in read_history(job)] == [str(epoch) for epoch in range(1, epochs + 1)]
+    assert mnist_checkpoints.latest_checkpoint(job.checkpoint_dir)[0] == epochs
+    assert not [path for path in job.checkpoint_dir.iterdir() if path.name.startswith(".")]
+
+
+def test_channel_npz_files_are_used_instead_of_the_embedded_data(job: Job, mnist_subset_dir: Path) -> None:
+    result = run_script(
+        job,
+        job_args(job, "--epochs", "1", "--batch-size", "32"),
+        extra_env={"SM_CHANNEL_TRAIN": str(mnist_subset_dir), "SM_CHANNEL_TEST": str(mnist_subset_dir)},
+    )
+    assert_ok(result)
+    assert "train 6000 / test 1000 examples" in result.stdout
+    metrics = json.loads((job.output_data_dir / "metrics.json").read_text())
+    # One full pass: 6000 examples / (32 per rank x 2 ranks) steps.
+    assert metrics["steps_per_epoch"] == 6000 // 64
+    assert metrics["test_accuracy"] >= 0.85
+
+
+def test_fashion_mnist_trains(job: Job) -> None:
+    result = run_script(
+        job, job_args(job, "--dataset", "fashion_mnist", "--epochs", "1", "--steps-per-epoch", "60")
+    )
+    assert_ok(result)
+    assert "fashion_mnist from /usr/share/datasets/fashion-mnist" in result.stdout
+    metrics = json.loads((job.output_data_dir / "metrics.json").read_text())
+    assert metrics["dataset"] == "fashion_mnist"
+    assert metrics["test_accuracy"] >= 0.65  # chance is 0.10; ~0.75 after 60 steps
+
+
+def leave_channel_empty(channel: Path) -> None:
+    del channel
+
+
+def write_wrong_shape(channel: Path) -> None:
+    np.savez(channel / "train.npz", data=np.zeros((5, 32, 32), np.uint8), labels=np.zeros(5, np.int64))
+
+
+@pytest.mark.parametrize(
+    ("make_channel", "message"),
+    [
+        (leave_channel_empty, r"train\.npz: file not found"),
+        (write_wrong_shape, r"train\.npz: 'data' has shape \(5, 32, 32\), expected \(N, 28, 28\)"),
+    ],
+    ids=["missing-file", "wrong-shape"],
+)
+def test_bad_channel_data_fails_fast_with_one_clear_line(
+    job: Job, tmp_path: Path, make_channel: Callable[[Path], None], message: str
+) -> None:
+    channel = tmp_path / "train"
+    channel.mkdir()
+    make_channel(channel)
+    started = time.monotonic()
+    result = run_script(job, job_args(job), processes=1, extra_env={"SM_CHANNEL_TRAIN": str(channel)})
+    assert result.returncode == 2
+    assert re.fullmatch(rf"train_mnist\.py: error: {re.escape(str(channel))}/{message}.*\n", result.stderr)
+    assert time.monotonic() - started < 60  # fails before TensorFlow is even imported
+    assert not job.root.exists()  # nothing half-done: no model, no checkpoint, no output
