@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import failure
-from .errors import EX_SOFTWARE, EX_USAGE, LauncherError
+from .errors import EX_SOFTWARE, EX_USAGE, LauncherError, Stopped
 from .paths import SageMakerPaths
 
 log = logging.getLogger("smhvd")
@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return launch(paths)
+    except Stopped as exc:
+        log.warning("%s", exc)
+        return exc.exit_code
     except LauncherError as exc:
         log.error("%s", exc)
         failure.write_failure(paths.failure_file, failure.compose(str(exc)))

@@ -57,6 +57,12 @@ class PeerError(LauncherError):
     exit_code = EX_UNAVAILABLE
 
 
+class Stopped(LauncherError):
+    """SIGTERM (SageMaker's StopTrainingJob) or Ctrl-C arrived before the job started."""
+
+    exit_code = EX_STOPPED
+
+
 class WaitTimeout(LauncherError):
     """A bounded wait ran out; the message says what was awaited and the last error seen."""
 

@@ -14,9 +14,10 @@ from .job import Job, load_job
 from .leader import conclude, rank_command, run_leader
 from .mpi_command import AWS_CREDENTIAL_NAMES
 from .paths import SageMakerPaths
-from .processes import become_subreaper
+from .processes import become_subreaper, kill_descendants
 from .signals import SignalWatch
 from .sourcecode import (
+    Source,
     fetch_source,
     install_requirements,
     program_command,
@@ -68,6 +69,13 @@ def launch(paths: SageMakerPaths) -> int:
     env = rank_env(job, os.environ, training_env(job, source.code_dir, source.program, module_dir))
     prepare_dirs(paths)
     host = job.resources.current_host
+    try:
+        return _run_role(job, source, program, env, host)
+    finally:
+        kill_descendants()  # whatever the role, nothing started by this job outlives `train`
+
+
+def _run_role(job: Job, source: Source, program: list[str], env: dict[str, str], host: str) -> int:
     with tempfile.TemporaryDirectory(prefix="smhvd-") as tmp:
         run_dir = Path(tmp)
         if not job.settings.mpi.enabled:

@@ -93,7 +93,11 @@ def run_leader(
                 job.settings.launcher.peer_timeout,
             )
             links = connect_all(
-                job.resources.workers, plan.ssh_config, port, job.settings.launcher.peer_timeout
+                job.resources.workers,
+                plan.ssh_config,
+                port,
+                job.settings.launcher.peer_timeout,
+                watch.stop_requested,
             )
             for worker in links:
                 worker.send({"event": "start"})

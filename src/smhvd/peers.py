@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import link
-from .errors import PeerError
+from .errors import PeerError, Stopped
 from .processes import die_with_parent
 from .waiting import NotYet, wait_until
 
@@ -105,6 +105,7 @@ def connect_all(
     ssh_config: Path,
     port: int,
     timeout: float,
+    stop_requested: Callable[[], bool] = lambda: False,
     clock: Callable[[], float] = time.monotonic,
 ) -> list[WorkerLink]:
     """Links to every host, or PeerError naming each host that did not come up (the others are closed)."""
@@ -113,6 +114,8 @@ def connect_all(
     links: dict[str, WorkerLink] = {}
 
     def all_linked() -> list[WorkerLink] | None:
+        if stop_requested():
+            raise Stopped("stopped while waiting for workers " + ", ".join(hosts))
         now = clock()
         for attempt in attempts:
             if attempt.host in links:
@@ -130,12 +133,12 @@ def connect_all(
         return wait_until(
             all_linked, what="workers " + ", ".join(hosts), timeout=timeout, maximum=0.1, error=PeerError
         )
-    except PeerError as exc:
+    except (PeerError, Stopped) as exc:
         for attempt in attempts:
             if attempt.proc is not None and attempt.host not in links:
                 attempt.proc.kill()
                 attempt.proc.wait()
         for worker in links.values():
-            worker.send({"event": "end", "exit_code": PeerError.exit_code, "reason": str(exc)})
+            worker.send({"event": "end", "exit_code": exc.exit_code, "reason": str(exc)})
             worker.close()
         raise

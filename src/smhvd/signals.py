@@ -37,6 +37,10 @@ class SignalWatch:
     def fileno(self) -> int:
         return self._recv.fileno()
 
+    def stop_requested(self) -> bool:
+        """Whether a stop signal arrived (for waits that cannot select on fileno(), e.g. polling loops)."""
+        return any(is_stop(sig) for sig in self.drain())
+
     def drain(self) -> list[int]:
         received: list[int] = []
         while True:
