@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -53,6 +54,10 @@ def configure_logging(level: str) -> None:
     log.propagate = False
 
 
+def _stop_before_start(signum: int, _frame: object) -> None:
+    raise Stopped(f"stopped by {signal.Signals(signum).name} before the job started")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -62,8 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     paths = SageMakerPaths(args.base_dir) if args.base_dir else SageMakerPaths.from_env()
     if args.base_dir:
         os.environ["SAGEMAKER_BASE_DIR"] = str(args.base_dir)
-    from .launch import launch
+    from .launch import launch  # imported here so that `train --help` is instant
 
+    # As PID 1 in a container, a signal without a handler is ignored: until a role installs its own
+    # handling (signals.SignalWatch), a stop request aborts the preparation (code download, pip).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop_before_start)
     try:
         return launch(paths)
     except Stopped as exc:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -155,10 +156,17 @@ def install_requirements(code_dir: Path, python: str = sys.executable) -> bool:
     if not requirements.is_file():
         return False
     argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
-    result = subprocess.run(argv, cwd=code_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
-    if result.returncode != 0:
-        tail = result.stdout.decode(errors="replace").strip().splitlines()[-3:]
+    tail: deque[str] = deque(maxlen=3)
+    with subprocess.Popen(
+        argv, cwd=code_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as pip:
+        assert pip.stdout is not None
+        for line in pip.stdout:  # shown in the job's log as it comes
+            sys.stderr.write(line)
+            if line.strip():
+                tail.append(line.strip())
+    if pip.returncode != 0:
         raise RequirementsError(
-            f"{requirements}: pip install failed (exit {result.returncode}): {' | '.join(tail)}"
+            f"{requirements}: pip install failed (exit {pip.returncode}): {' | '.join(tail)}"
         )
     return True
