@@ -31,10 +31,13 @@ test: setup ## README command 2: every test tier (unit, integration, cluster, im
 test-fast: setup ## unit tests only (seconds)
 	$(PY) -m pytest -p no:cacheprovider -m 'not integration' $(PYTEST_ARGS) tests
 
-lint: setup ## ruff, mypy, shellcheck
+lint: setup ## ruff, mypy (strict), shellcheck, hadolint
+	command -v shellcheck >/dev/null || { apt-get update -qq && apt-get install -y -qq shellcheck; }
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy src/smhvd
+	shellcheck -x bin/*.sh .ci/run
+	$(VENV)/bin/hadolint $(wildcard docker/Dockerfile*)
 
 bench-launcher: setup ## launcher overhead: train start -> rank 0 start, script end -> train exit (np=2, one host)
 	$(PY) benchmarks/launcher_overhead.py
