@@ -20,7 +20,9 @@ import mnist_checkpoints
 import mnist_report
 import numpy as np
 import pytest
-from conftest import RUN_TIMEOUT, Job, mpirun_argv, run_script
+from mnist_helpers import RUN_TIMEOUT, SCRIPT_DIR, Job, mpirun_argv, run_script
+
+from smhvd.mltree import write_ml_tree
 
 pytestmark = pytest.mark.integration
 
@@ -154,18 +156,44 @@ def test_killed_after_an_epoch_it_resumes_from_the_checkpoint(job: Job) -> None:
     assert not [path for path in job.checkpoint_dir.iterdir() if path.name.startswith(".")]
 
 
-def test_channel_npz_files_are_used_instead_of_the_embedded_data(job: Job, mnist_subset_dir: Path) -> None:
-    result = run_script(
-        job,
-        job_args(job, "--epochs", "1", "--batch-size", "32"),
-        extra_env={"SM_CHANNEL_TRAIN": str(mnist_subset_dir), "SM_CHANNEL_TEST": str(mnist_subset_dir)},
+def test_through_the_launcher_with_channel_data(tmp_path: Path, mnist_subset_dir: Path) -> None:
+    """The SageMaker path: `train` reads /opt/ml (SDK-encoded hyperparameters), starts 2 ranks with mpirun,
+    the script takes its data from the train/test channels and its directories from the SM_* variables."""
+
+    paths = write_ml_tree(
+        tmp_path / "opt_ml",
+        hyperparameters={
+            "sagemaker_program": "train_mnist.py",
+            "sagemaker_submit_directory": str(SCRIPT_DIR),
+            "sagemaker_mpi_enabled": True,
+            "sagemaker_mpi_num_of_processes_per_host": 2,
+            "epochs": 1,
+            "batch-size": 32,
+        },
+        channels={"train": mnist_subset_dir / "train", "test": mnist_subset_dir / "test"},
+    )
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "train")],
+        env={
+            **{key: value for key, value in os.environ.items() if not key.startswith("SM_")},
+            "SAGEMAKER_BASE_DIR": str(paths.base),
+        },
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
     )
     assert_ok(result)
-    assert "train 6000 / test 1000 examples" in result.stdout
-    metrics = json.loads((job.output_data_dir / "metrics.json").read_text())
-    # One full pass: 6000 examples / (32 per rank x 2 ranks) steps.
-    assert metrics["steps_per_epoch"] == 6000 // 64
+    assert not paths.failure_file.exists()
+    output = result.stdout + result.stderr
+    assert "train 6000 / test 1000 examples" in output
+    assert len(re.findall(r"^epoch=1 train_loss=", output, flags=re.MULTILINE)) == 1
+    metrics = json.loads((paths.output_data_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    assert metrics["steps_per_epoch"] == 6000 // (32 * 2)  # one pass over the channel's data
     assert metrics["test_accuracy"] >= 0.85
+    assert [path.name for path in paths.model_dir.iterdir()] == ["1"]
+    assert [path.name for path in paths.checkpoint_dir.iterdir()] == ["epoch-0001"]
 
 
 def test_fashion_mnist_trains(job: Job) -> None:

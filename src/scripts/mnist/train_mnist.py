@@ -235,6 +235,7 @@ def train(
             {"history": history, "world_size": size, "dataset": args.dataset},
         )
 
+    verbosity = keras_verbosity(is_chief, os.environ)
     callbacks: list[Any] = [
         # After the first step, rank 0's variables (fresh or restored) overwrite every other rank's.
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -247,6 +248,7 @@ def train(
             history=history,
             on_epoch=save_checkpoint if is_chief else None,
             log=log,
+            after_progress_bar=verbosity == 1,
         ),
     ]
     started = time.monotonic()
@@ -258,7 +260,7 @@ def train(
             steps_per_epoch=steps_per_epoch,
             validation_data=test_data,
             callbacks=callbacks,
-            verbose=keras_verbosity(is_chief, os.environ),
+            verbose=verbosity,
         )
     else:
         log(f"checkpoint already at epoch {resume_epoch} >= --epochs {args.epochs}: nothing to train")
@@ -371,6 +373,7 @@ def make_epoch_reporter(tf: Any) -> Any:
             history: list[dict[str, Any]],
             on_epoch: Any,
             log: Any,
+            after_progress_bar: bool,
         ) -> None:
             super().__init__()
             self.images_per_step = images_per_step
@@ -379,6 +382,7 @@ def make_epoch_reporter(tf: Any) -> Any:
             self.history = history
             self.on_epoch = on_epoch
             self.log = log
+            self.after_progress_bar = after_progress_bar
             self.epoch_started = 0.0
             self.train_seconds: float | None = None
 
@@ -404,7 +408,8 @@ def make_epoch_reporter(tf: Any) -> Any:
                 "learning_rate": float(self.schedule(self.model.optimizer.iterations)),
             }
             self.history.append(row)
-            self.log(mnist_report.epoch_line(row))
+            # A progress bar leaves its line open: start the metric line on a line of its own.
+            self.log(("\n" if self.after_progress_bar else "") + mnist_report.epoch_line(row))
             if self.on_epoch is not None:
                 self.on_epoch(epoch + 1)
 

@@ -1,0 +1,79 @@
+"""Running the MNIST reference script for real: one rank through plain `python`, two through Open MPI's
+`mpirun` with the options the launcher also uses on few cores (no binding, yield when idle, one TensorFlow
+thread a rank).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT_DIR = REPO / "src" / "scripts" / "mnist"
+SCRIPT = SCRIPT_DIR / "train_mnist.py"
+RUN_TIMEOUT = 420  # seconds for one training run on a loaded 2-core machine (they take 20-60 s when quiet)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Directories of one run, laid out as SageMaker lays out /opt/ml."""
+
+    root: Path
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def output_data_dir(self) -> Path:
+        return self.root / "output" / "data"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The caller's environment without SM_* variables (none leak from a real job), rooted at this job."""
+        env = {key: value for key, value in os.environ.items() if not key.startswith("SM_")}
+        env.update(
+            SAGEMAKER_BASE_DIR=str(self.root),
+            SM_MODEL_DIR=str(self.model_dir),
+            SM_OUTPUT_DATA_DIR=str(self.output_data_dir),
+            PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="1",
+        )
+        env.update(extra or {})
+        return env
+
+
+def mpirun_argv(processes: int, script_args: Sequence[str]) -> list[str]:
+    return [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        str(processes),
+        "--bind-to",
+        "none",
+        "--mca",
+        "mpi_yield_when_idle",
+        "1",
+        sys.executable,
+        str(SCRIPT),
+        *script_args,
+    ]
+
+
+def run_script(
+    job: Job, script_args: Sequence[str], processes: int = 2, extra_env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    argv = (
+        mpirun_argv(processes, script_args) if processes > 1 else [sys.executable, str(SCRIPT), *script_args]
+    )
+    return subprocess.run(
+        argv, env=job.env(extra_env), capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False
+    )
