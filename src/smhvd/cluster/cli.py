@@ -10,12 +10,13 @@ interrupted, 2 for bad arguments or when the cluster could not be brought up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -165,13 +166,23 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """While active, SIGTERM and SIGINT raise Interrupted, so that a Cluster context tears down."""
+    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     argv = [part for part in args.argv if part != "--"] or ["train"]
     faults = expand_faults(args.fault, spec.host_names)
-    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with Cluster(spec) as cluster:
+        with interruptible(), Cluster(spec) as cluster:
             print(f"smhvd-cluster: {spec.hosts} hosts up in {spec.workdir}", file=sys.stderr, flush=True)
             results = cluster.run(
                 argv,
@@ -184,9 +195,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     except Interrupted as exc:
         print(f"smhvd-cluster: interrupted by {exc}; every host stopped and torn down", file=sys.stderr)
         return INTERRUPTED_EXIT
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     print(summary(results), flush=True)
     return exit_status(results)
 
