@@ -185,18 +185,7 @@ def train(
     steps_per_epoch = max(1, len(train_split) // (args.batch_size * size))
     if args.steps_per_epoch is not None:
         steps_per_epoch = min(steps_per_epoch, args.steps_per_epoch)
-    train_data = (
-        tf.data.Dataset.from_tensor_slices((train_shard.images, train_shard.labels))
-        .shuffle(len(train_shard), seed=args.seed + rank, reshuffle_each_iteration=True)
-        .repeat()
-        .batch(args.batch_size, drop_remainder=True)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-    test_data = (
-        tf.data.Dataset.from_tensor_slices((test_shard.images, test_shard.labels))
-        .batch(256)
-        .prefetch(tf.data.AUTOTUNE)
-    )
+    train_data, test_data = input_pipelines(tf, train_shard, test_shard, args.batch_size, args.seed + rank)
 
     scaled_lr = args.learning_rate * size
     schedule = make_warmup_schedule(tf)(
@@ -315,6 +304,25 @@ def keras_verbosity(is_chief: bool, env: Mapping[str, str]) -> int:
         return 0
     in_sagemaker_job = "SM_TRAINING_ENV" in env or "SM_CURRENT_HOST" in env
     return 1 if sys.stdout.isatty() and not in_sagemaker_job else 2
+
+
+def input_pipelines(
+    tf: Any, train_shard: mnist_data.Split, test_shard: mnist_data.Split, batch_size: int, seed: int
+) -> tuple[Any, Any]:
+    """Training: this rank's shard reshuffled every pass, endless (Keras counts steps); test: one pass."""
+    train_data = (
+        tf.data.Dataset.from_tensor_slices((train_shard.images, train_shard.labels))
+        .shuffle(len(train_shard), seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(batch_size, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    test_data = (
+        tf.data.Dataset.from_tensor_slices((test_shard.images, test_shard.labels))
+        .batch(256)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    return train_data, test_data
 
 
 def build_model(tf: Any) -> Any:

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""MNIST reference script: time to 99% test accuracy at 1 and 2 ranks, and Horovod's overhead at 1 rank.
+
+1. Convergence: src/scripts/mnist/train_mnist.py on the full MNIST set with its default hyperparameters (batch
+   64 per rank, learning rate 0.001 x ranks), --max-epochs epochs, at np=1 (plain python) and np=2 (mpirun,
+   no binding, yield when idle). Reports the first epoch whose test accuracy (the per-epoch validation on the
+   10k test set) reaches --target, the training seconds up to it, the process wall time and images/s.
+2. Overhead: the script at np=1 (Horovod initialised, size 1: DistributedOptimizer, broadcast and metric
+   averaging callbacks) against the same model, input pipeline, optimizer, threads and timing callback without
+   Horovod (this file's --plain-worker mode). Runs alternate, --repeats pairs; compares the medians of the
+   steady-state images/s (the second epoch: no tracing, no first-step broadcast).
+
+Usage: python benchmarks/mnist_convergence.py [--max-epochs 12] [--repeats 3] [--skip-convergence]
+Figures go to stdout and, as JSON, to build/bench/mnist_convergence.json. Needs a quiet machine to mean much.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT_DIR = REPO / "src" / "scripts" / "mnist"
+SCRIPT = SCRIPT_DIR / "train_mnist.py"
+RESULTS = REPO / "build" / "bench" / "mnist_convergence.json"
+
+
+def script_argv(processes: int, args: list[str]) -> list[str]:
+    if processes == 1:
+        return [sys.executable, str(SCRIPT), *args]
+    return [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        str(processes),
+        "--bind-to",
+        "none",
+        "--mca",
+        "mpi_yield_when_idle",
+        "1",
+        sys.executable,
+        str(SCRIPT),
+        *args,
+    ]
+
+
+def run_script(processes: int, args: list[str], workdir: Path) -> tuple[float, list[dict[str, float]], dict]:
+    """(wall seconds, per-epoch rows of history.csv, metrics.json) of one run in a fresh job directory."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SM_")}
+    env["SAGEMAKER_BASE_DIR"] = str(workdir)
+    started = time.monotonic()
+    result = subprocess.run(
+        script_argv(processes, args), env=env, capture_output=True, text=True, timeout=3600, check=False
+    )
+    wall = time.monotonic() - started
+    if result.returncode != 0:
+        sys.exit(f"benchmark: train_mnist.py exited {result.returncode}:\n{result.stderr[-3000:]}")
+    with (workdir / "output" / "data" / "history.csv").open() as stream:
+        history = [{key: float(value) for key, value in row.items()} for row in csv.DictReader(stream)]
+    metrics = json.loads((workdir / "output" / "data" / "metrics.json").read_text())
+    return wall, history, metrics
+
+
+def convergence(processes: int, max_epochs: int, target: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="mnist-bench-") as workdir:
+        wall, history, metrics = run_script(processes, ["--epochs", str(max_epochs)], Path(workdir))
+    reached = next((row for row in history if row["val_accuracy"] >= target), None)
+    epochs_to_target = int(reached["epoch"]) if reached else None
+    train_seconds_to_target = (
+        sum(row["epoch_seconds"] for row in history[:epochs_to_target]) if epochs_to_target else None
+    )
+    return {
+        "processes": processes,
+        "epochs_run": len(history),
+        "epochs_to_target": epochs_to_target,
+        "train_seconds_to_target": train_seconds_to_target,
+        "wall_seconds": round(wall, 1),
+        "final_test_accuracy": metrics["test_accuracy"],
+        "best_test_accuracy": max(row["val_accuracy"] for row in history),
+        "images_per_sec_median": statistics.median(row["images_per_sec"] for row in history[1:] or history),
+        "val_accuracy_by_epoch": [round(row["val_accuracy"], 4) for row in history],
+    }
+
+
+def plain_worker(epochs: int, steps: int, out: Path) -> None:
+    """The script's training at one rank with everything Horovod taken out; writes the per-epoch rows."""
+    sys.path.insert(0, str(SCRIPT_DIR))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    import mnist_data
+    import tensorflow as tf
+    import train_mnist
+
+    defaults = train_mnist.parse_args([], {})
+    intra, inter = train_mnist.thread_counts(os.environ, len(os.sched_getaffinity(0)), 1)
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    tf.keras.utils.set_random_seed(defaults.seed)
+    train_split, test_split = mnist_data.load(mnist_data.resolve_source("mnist", {}))
+    train_data, test_data = train_mnist.input_pipelines(
+        tf, train_split, test_split, defaults.batch_size, defaults.seed
+    )
+    schedule = train_mnist.make_warmup_schedule(tf)(
+        base_lr=defaults.learning_rate,
+        scaled_lr=defaults.learning_rate,
+        warmup_steps=round(defaults.warmup_epochs * steps),
+    )
+    model = train_mnist.build_model(tf)
+    model.compile(
+        optimizer=tf.keras.optimizers.Adam(learning_rate=schedule),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(),
+        metrics=["accuracy"],
+    )
+    history: list[dict[str, Any]] = []
+    reporter = train_mnist.make_epoch_reporter(tf)(
+        images_per_step=defaults.batch_size,
+        steps_per_epoch=steps,
+        schedule=schedule,
+        history=history,
+        on_epoch=None,
+        log=lambda message: None,
+        after_progress_bar=False,
+    )
+    model.fit(
+        train_data,
+        epochs=epochs,
+        steps_per_epoch=steps,
+        validation_data=test_data,
+        callbacks=[reporter],
+        verbose=0,
+    )
+    out.write_text(json.dumps(history))
+
+
+def overhead(steps: int, repeats: int) -> dict[str, Any]:
+    horovod_rates, plain_rates = [], []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="mnist-bench-") as workdir:
+            _, history, _ = run_script(1, ["--epochs", "2", "--steps-per-epoch", str(steps)], Path(workdir))
+            horovod_rates.append(history[-1]["images_per_sec"])
+            out = Path(workdir) / "plain.json"
+            subprocess.run(
+                [sys.executable, __file__, "--plain-worker", "--steps", str(steps), "--out", str(out)],
+                check=True,
+                timeout=3600,
+            )
+            plain_rates.append(json.loads(out.read_text())[-1]["images_per_sec"])
+    horovod, plain = statistics.median(horovod_rates), statistics.median(plain_rates)
+    return {
+        "steps_per_epoch": steps,
+        "horovod_np1_images_per_sec": horovod_rates,
+        "plain_keras_images_per_sec": plain_rates,
+        "overhead_percent": round(100 * (plain - horovod) / plain, 2),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-epochs", type=int, default=12)
+    parser.add_argument("--target", type=float, default=0.99)
+    parser.add_argument("--repeats", type=int, default=3, help="Horovod/plain pairs for the overhead")
+    parser.add_argument("--steps", type=int, default=400, help="steps per epoch in the overhead runs")
+    parser.add_argument("--skip-convergence", action="store_true")
+    parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_worker:
+        plain_worker(2, args.steps, args.out)
+        return 0
+
+    results: dict[str, Any] = {"target": args.target, "cpus": len(os.sched_getaffinity(0))}
+    if not args.skip_convergence:
+        results["convergence"] = []
+        for processes in (1, 2):
+            row = convergence(processes, args.max_epochs, args.target)
+            results["convergence"].append(row)
+            print(
+                f"np={processes}: {args.target:.1%} test accuracy after epoch {row['epochs_to_target']} "
+                f"({row['train_seconds_to_target']} s of training); best {row['best_test_accuracy']:.4f}; "
+                f"{row['images_per_sec_median']:.0f} images/s; {row['epochs_run']} epochs in "
+                f"{row['wall_seconds']} s wall; per epoch {row['val_accuracy_by_epoch']}",
+                flush=True,
+            )
+        one, two = results["convergence"]
+        if one["train_seconds_to_target"] and two["train_seconds_to_target"]:
+            speedup = one["train_seconds_to_target"] / two["train_seconds_to_target"]
+            results["speedup_np2_time_to_target"] = round(speedup, 2)
+            print(f"np=2 reaches the target {speedup:.2f}x faster than np=1 (training seconds)")
+        results["throughput_ratio_np2_np1"] = round(
+            two["images_per_sec_median"] / one["images_per_sec_median"], 2
+        )
+        print(f"throughput np=2 / np=1: {results['throughput_ratio_np2_np1']:.2f}x")
+    if not args.skip_overhead:
+        results["overhead"] = overhead(args.steps, args.repeats)
+        row = results["overhead"]
+        print(
+            f"Horovod at np=1: {statistics.median(row['horovod_np1_images_per_sec']):.0f} images/s against "
+            f"{statistics.median(row['plain_keras_images_per_sec']):.0f} without Horovod: overhead "
+            f"{row['overhead_percent']:.1f}% (target <= 3%); runs {row['horovod_np1_images_per_sec']} vs "
+            f"{row['plain_keras_images_per_sec']}"
+        )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=1))
+    print(f"results: {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
