@@ -6,7 +6,6 @@ SageMaker stops a job). Each test bounds how long hosts take to exit; bounds lea
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import threading
@@ -61,7 +60,6 @@ def launch(cluster_tools: None, tmp_path: Path, code_dir: Path) -> Iterator[Laun
             code_dir=code_dir,
             hyperparameters={"sagemaker_program": _hp("probe_job.py"), "mode": _hp(mode)}
             | {key: _hp(value) for key, value in hyperparameters.items()},
-            env=_launcher_env(),
         )
         cluster = Cluster(spec)
         clusters.append(cluster)
@@ -78,11 +76,6 @@ def launch(cluster_tools: None, tmp_path: Path, code_dir: Path) -> Iterator[Laun
     for cluster in clusters:
         cluster.down()
         assert cluster.leftovers() == []
-
-
-def _launcher_env() -> dict[str, str]:
-    extra = os.environ.get("SMHVD_CLUSTER_TEST_PYTHONPATH")
-    return {"PYTHONPATH": extra} if extra else {}
 
 
 def wait_all(processes: dict[str, HostProcess], timeout: float) -> dict[str, int]:
