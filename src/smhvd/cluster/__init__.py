@@ -6,8 +6,8 @@ and run the same command at once, as SageMaker runs ``train`` on every instance 
 """
 
 from smhvd.cluster.cluster import Cluster
-from smhvd.cluster.errors import ClusterError
+from smhvd.cluster.errors import ClusterError, Interrupted
 from smhvd.cluster.jobs import HostResult
 from smhvd.cluster.spec import ClusterSpec
 
-__all__ = ["Cluster", "ClusterError", "ClusterSpec", "HostResult"]
+__all__ = ["Cluster", "ClusterError", "ClusterSpec", "HostResult", "Interrupted"]

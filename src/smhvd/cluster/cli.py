@@ -10,28 +10,21 @@ interrupted, 2 for bad arguments or when the cluster could not be brought up.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from smhvd.cluster import registry
 from smhvd.cluster.cluster import Cluster
-from smhvd.cluster.errors import ClusterError
+from smhvd.cluster.errors import ClusterError, Interrupted
 from smhvd.cluster.jobs import FAULT_KINDS, TIMEOUT_EXIT, Fault, FaultKind, HostResult
 from smhvd.cluster.spec import DEFAULT_INSTANCE_TYPE, DEFAULT_ML_PATH, ClusterSpec, encode_hyperparameter
 
 INTERRUPTED_EXIT = 130
 USAGE_EXIT = 2
-
-
-class Interrupted(Exception):
-    """SIGTERM or SIGINT reached the cluster tool."""
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -162,27 +155,12 @@ def exit_status(results: dict[str, HostResult]) -> int:
     return 0 if started and all(result.exit_code == 0 for result in started) else 1
 
 
-def _interrupt(signum: int, _frame: FrameType | None) -> None:
-    raise Interrupted(signal.Signals(signum).name)
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """While active, SIGTERM and SIGINT raise Interrupted, so that a Cluster context tears down."""
-    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     argv = [part for part in args.argv if part != "--"] or ["train"]
     faults = expand_faults(args.fault, spec.host_names)
     try:
-        with interruptible(), Cluster(spec) as cluster:
+        with Cluster(spec) as cluster:
             print(f"smhvd-cluster: {spec.hosts} hosts up in {spec.workdir}", file=sys.stderr, flush=True)
             results = cluster.run(
                 argv,

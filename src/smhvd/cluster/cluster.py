@@ -6,17 +6,18 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import TextIO
 
 from smhvd.cluster import procfs, registry
-from smhvd.cluster.errors import ClusterError
+from smhvd.cluster.errors import ClusterError, Interrupted
 from smhvd.cluster.host import HostLayout, SimHost
 from smhvd.cluster.jobs import Fault, HostProcess, HostResult, supervise
 from smhvd.cluster.mltree import write_ml_tree
@@ -51,6 +52,7 @@ class Cluster:
         self.bridge = ""
         self._record: registry.Record | None = None
         self._net_namespaces: list[int] = []
+        self._previous_handlers: dict[int, object] = {}
 
     # ----- paths -----
     def host_dir(self, host: str) -> Path:
@@ -66,13 +68,23 @@ class Cluster:
 
     # ----- lifecycle -----
     def __enter__(self) -> Cluster:
-        self.up()
+        """Bring the cluster up; until __exit__, SIGTERM and SIGINT raise Interrupted (in the main thread),
+        so that being stopped tears the cluster down like an error does."""
+        self._previous_handlers = _raise_on_stop_signals()
+        try:
+            self.up()
+        except BaseException:
+            _restore_handlers(self._previous_handlers)
+            raise
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.down()
+        try:
+            self.down()
+        finally:
+            _restore_handlers(self._previous_handlers)
 
     def up(self) -> None:
         """Bring every host up; on any failure, undo what was done and raise ClusterError."""
@@ -269,6 +281,23 @@ class Cluster:
         cluster_id = self.bridge.removeprefix(LINK_PREFIX)
         found += [f"registry record {path}" for path in registry.REGISTRY.glob(f"{cluster_id}.json")]
         return found
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def _raise_on_stop_signals() -> dict[int, object]:
+    """Install Interrupted-raising handlers for SIGTERM/SIGINT; return the previous ones (none off the
+    main thread, where Python cannot install handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore_handlers(previous: dict[int, object]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)  # type: ignore[arg-type]
 
 
 def _make_mountpoints(paths: Sequence[Path]) -> list[Path]:

@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from smhvd.cluster.cli import INTERRUPTED_EXIT, Interrupted, exit_status, interruptible, summary
+from smhvd.cluster.cli import INTERRUPTED_EXIT, exit_status, summary
 from smhvd.cluster.cluster import Cluster
-from smhvd.cluster.errors import ClusterError
+from smhvd.cluster.errors import ClusterError, Interrupted
 from smhvd.cluster.spec import ClusterSpec
 
 PROGRAM = "train_mnist.py"
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         spec = demo_spec(args)
-        with interruptible(), Cluster(spec) as cluster:
+        with Cluster(spec) as cluster:
             print(f"cluster-demo: {spec.hosts} hosts up, trees and logs in {spec.workdir}", flush=True)
             results = cluster.run(["train"], timeout=args.timeout, echo=sys.stdout)
             metrics_file = cluster.ml_dir(cluster.leader) / "output" / "data" / "metrics.json"

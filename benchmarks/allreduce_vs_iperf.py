@@ -1,0 +1,141 @@
+"""Horovod allreduce bus bandwidth across 2 simulated hosts (1 rank each, through our launcher) next to the
+raw TCP bandwidth between the same hosts (iperf3, single stream), measured in the same run. Needs root and
+iperf3 (apt-get install iperf3).
+
+Bus bandwidth = 2 (n-1)/n x bytes / seconds per allreduce (n ranks; for n=2, bytes / seconds), the median of
+--iterations after --warmup. Each variant changes one setting from the launcher's defaults, to show which
+settings move the ratio. Target: ratio >= 0.7 with the defaults.
+
+    .venv/bin/python benchmarks/allreduce_vs_iperf.py [--size-mb 64] [--iterations 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from cluster_common import reset_outputs, say, table
+
+from smhvd.cluster import Cluster, ClusterError, ClusterSpec
+from smhvd.cluster.waiting import wait_for
+
+JOB = """
+import argparse, json, os, statistics, time
+import tensorflow as tf
+import horovod.tensorflow as hvd
+parser = argparse.ArgumentParser()
+parser.add_argument("--size_mb", type=float, default=64)
+parser.add_argument("--iterations", type=int, default=10)
+parser.add_argument("--warmup", type=int, default=3)
+args, _ = parser.parse_known_args()
+hvd.init()
+count = int(args.size_mb * 1024 * 1024 / 4)
+tensor = tf.ones([count], tf.float32)
+seconds = []
+for step in range(args.warmup + args.iterations):
+    start = time.perf_counter()
+    result = hvd.allreduce(tensor, op=hvd.Sum)
+    float(result[0])
+    if step >= args.warmup:
+        seconds.append(time.perf_counter() - start)
+assert float(result[0]) == hvd.size()
+if hvd.rank() == 0:
+    median = statistics.median(seconds)
+    size_bytes = count * 4
+    bus = 2 * (hvd.size() - 1) / hvd.size() * size_bytes / median
+    out = os.environ["SM_OUTPUT_DATA_DIR"]
+    with open(os.path.join(out, "allreduce.json"), "w") as f:
+        json.dump({"median_s": median, "bus_gbit_s": bus * 8 / 1e9, "seconds": seconds}, f)
+"""
+
+# name -> hyperparameters added to the defaults
+VARIANTS: dict[str, dict[str, str]] = {
+    "launcher defaults": {},
+    "+ mpi_yield_when_idle 1": {
+        "sagemaker_mpi_custom_mpi_options": json.dumps("--mca mpi_yield_when_idle 1")
+    },
+    "+ btl_tcp_links 4": {"sagemaker_mpi_custom_mpi_options": json.dumps("--mca btl_tcp_links 4")},
+    "+ horovod_fusion_threshold_mb 128": {"horovod_fusion_threshold_mb": "128"},
+    "+ horovod_cycle_time_ms 1": {"horovod_cycle_time_ms": "1"},
+}
+
+
+def iperf_gbits(cluster: Cluster, seconds: int) -> float:
+    """Single-stream TCP bandwidth algo-1 -> algo-2 in Gbit/s (iperf3 server on algo-2 for one test)."""
+    server = cluster.start(
+        "algo-2", ["iperf3", "-s", "-1"], log=cluster.host_dir("algo-2") / "iperf3-server.log"
+    )
+
+    def client() -> dict[str, object] | None:
+        code, out = cluster.exec("algo-1", ["iperf3", "-c", "algo-2", "-t", str(seconds), "-J"], timeout=60)
+        return json.loads(out) if code == 0 else None
+
+    report = wait_for(client, "iperf3 between algo-1 and algo-2", 30)
+    server.wait(30)
+    return float(report["end"]["sum_received"]["bits_per_second"]) / 1e9  # type: ignore[index]
+
+
+def allreduce(cluster: Cluster, extra: dict[str, str], timeout: float) -> dict[str, float]:
+    reset_outputs(cluster)
+    base = json.loads((cluster.ml_dir("algo-1") / "input" / "config" / "hyperparameters.json").read_text())
+    for host in cluster.spec.host_names:
+        (cluster.ml_dir(host) / "input" / "config" / "hyperparameters.json").write_text(
+            json.dumps(base | extra)
+        )
+    results = cluster.run(["train"], timeout=timeout)
+    if any(result.exit_code != 0 for result in results.values()):
+        raise ClusterError(f"allreduce job failed: {results}; see {results['algo-1'].log}")
+    return json.loads((cluster.ml_dir("algo-1") / "output" / "data" / "allreduce.json").read_text())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mb", type=float, default=64)
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--iperf-seconds", type=int, default=5)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names to run")
+    args = parser.parse_args()
+    if shutil.which("iperf3") is None:
+        raise SystemExit("allreduce_vs_iperf: iperf3 not found: apt-get install iperf3")
+    with tempfile.TemporaryDirectory(prefix="bench-allreduce-") as tmp:
+        code = Path(tmp) / "code"
+        code.mkdir()
+        (code / "allreduce_job.py").write_text(JOB)
+        spec = ClusterSpec(
+            hosts=2,
+            workdir=Path(tmp) / "cluster",
+            code_dir=code,
+            hyperparameters={
+                "sagemaker_program": json.dumps("allreduce_job.py"),
+                "size_mb": str(args.size_mb),
+                "iterations": str(args.iterations),
+            },
+        )
+        rows = [["setting", "allreduce median (s)", "bus bandwidth (Gbit/s)", "iperf3 (Gbit/s)", "ratio"]]
+        with Cluster(spec) as cluster:
+            before = iperf_gbits(cluster, args.iperf_seconds)
+            say(f"iperf3 before: {before:.2f} Gbit/s")
+            measured = {}
+            for name in args.variants.split(","):
+                result = allreduce(cluster, VARIANTS[name], timeout=300)
+                measured[name] = result
+                say(f"{name}: {result['bus_gbit_s']:.2f} Gbit/s (median {result['median_s']:.3f} s)")
+            after = iperf_gbits(cluster, args.iperf_seconds)
+            say(f"iperf3 after: {after:.2f} Gbit/s")
+        tcp = statistics.mean([before, after])
+        for name, result in measured.items():
+            rows.append(
+                [name, f"{result['median_s']:.3f}", f"{result['bus_gbit_s']:.2f}", f"{tcp:.2f}",
+                 f"{result['bus_gbit_s'] / tcp:.2f}"]
+            )  # fmt: skip
+    say(f"\n{args.size_mb:g} MiB allreduce, 2 hosts x 1 rank; iperf3 = mean of a run before and after")
+    say(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""Shared by the cluster benchmarks: the short job script they run, resetting outputs between runs, and
+reading the timestamps ranks write. Benchmarks print tables; they assert nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from smhvd.cluster import Cluster
+
+# The job every launcher runs: each rank writes when it started and when it ended (or crashed) to
+# $SM_OUTPUT_DATA_DIR/times-<rank>.json on its own host. --mode crash: the rank on --crash_host exits 3
+# after --work seconds, the others keep running (300 s) until the launcher stops them.
+JOB_SCRIPT = """
+import argparse, json, os, socket, sys, time
+from pathlib import Path
+started = time.time()
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode", default="ok")
+parser.add_argument("--work", type=float, default=1.0)
+parser.add_argument("--crash_host", default="algo-2")
+args, _ = parser.parse_known_args()
+rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
+out = Path(os.environ.get("SM_OUTPUT_DATA_DIR", "/opt/ml/output/data"))
+out.mkdir(parents=True, exist_ok=True)
+host = socket.gethostname()
+def record(**extra):
+    data = {"rank": rank, "host": host, "start": started, **extra}
+    (out / f"times-{rank}.json").write_text(json.dumps(data))
+record()
+time.sleep(args.work)
+if args.mode == "crash":
+    if host == args.crash_host:
+        print(f"bench-crash: rank {rank} on {host} fails", file=sys.stderr, flush=True)
+        record(crash=time.time())
+        sys.exit(3)
+    time.sleep(300)
+record(end=time.time())
+"""
+
+
+def write_job(code_dir: Path) -> None:
+    code_dir.mkdir(parents=True, exist_ok=True)
+    (code_dir / "bench_job.py").write_text(JOB_SCRIPT)
+
+
+def reset_outputs(cluster: Cluster) -> None:
+    """Empty every host's output tree (rank timestamps, failure file) before the next run."""
+    for host in cluster.spec.host_names:
+        output = cluster.ml_dir(host) / "output"
+        shutil.rmtree(output, ignore_errors=True)
+        (output / "data").mkdir(parents=True)
+
+
+def rank_times(cluster: Cluster) -> list[dict[str, float]]:
+    found = []
+    for host in cluster.spec.host_names:
+        for path in sorted((cluster.ml_dir(host) / "output" / "data").glob("times-*.json")):
+            found.append(json.loads(path.read_text()))
+    return found
+
+
+def failure_text(cluster: Cluster) -> str:
+    path = cluster.ml_dir(cluster.leader) / "output" / "failure"
+    return path.read_text() if path.exists() else ""
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "-|-".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+    sys.stdout.flush()
