@@ -178,7 +178,11 @@ def main() -> int:
         plain_worker(2, args.steps, args.out)
         return 0
 
-    results: dict[str, Any] = {"target": args.target, "cpus": len(os.sched_getaffinity(0))}
+    results: dict[str, Any] = {
+        "target": args.target,
+        "cpus": len(os.sched_getaffinity(0)),
+        "load_average_at_start": os.getloadavg(),
+    }
     if not args.skip_convergence:
         results["convergence"] = []
         for processes in (1, 2):
@@ -209,6 +213,8 @@ def main() -> int:
             f"{row['overhead_percent']:.1f}% (target <= 3%); runs {row['horovod_np1_images_per_sec']} vs "
             f"{row['plain_keras_images_per_sec']}"
         )
+    results["load_average_at_end"] = os.getloadavg()
+    print(f"load average (1/5/15 min): start {results['load_average_at_start']}, end {os.getloadavg()}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1))
     print(f"results: {RESULTS}")

@@ -227,6 +227,15 @@ def test_defaults_follow_the_sagemaker_environment() -> None:
         Path("/job/checkpoints"),
     )
     assert train_mnist.parse_args([], {}).checkpoint_dir == Path("/opt/ml/checkpoints")
+    assert train_mnist.parse_args([], {"SM_CHECKPOINT_DIR": "/ckpt"}).checkpoint_dir == Path("/ckpt")
+
+
+def test_an_s3_model_dir_from_the_tensorflow_estimator_means_the_local_model_dir() -> None:
+    env = {"SM_MODEL_DIR": "/opt/ml/model"}
+    assert train_mnist.parse_args(["--model_dir", "s3://bucket/job/model"], env).model_dir == Path(
+        "/opt/ml/model"
+    )
+    assert train_mnist.parse_args(["--model-dir", "/elsewhere"], env).model_dir == Path("/elsewhere")
 
 
 def test_hyperparameters_in_either_spelling() -> None:

@@ -98,16 +98,17 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
     parser.add_argument(
         "--model-dir",
         "--model_dir",
-        type=Path,
-        default=Path(env.get("SM_MODEL_DIR") or base / "model"),
-        help="where rank 0 saves the SavedModel (default $SM_MODEL_DIR)",
+        default=None,
+        help="where rank 0 saves the SavedModel (default $SM_MODEL_DIR); an s3:// URI, which SageMaker's "
+        "TensorFlow estimator passes by default, means $SM_MODEL_DIR too: SageMaker uploads it",
     )
     parser.add_argument(
         "--checkpoint-dir",
         "--checkpoint_dir",
         type=Path,
-        default=base / "checkpoints",
-        help="per-epoch checkpoints, resumed from on restart (default $SAGEMAKER_BASE_DIR/checkpoints)",
+        default=Path(env.get("SM_CHECKPOINT_DIR") or base / "checkpoints"),
+        help="per-epoch checkpoints, resumed from on restart "
+        "(default $SM_CHECKPOINT_DIR, else $SAGEMAKER_BASE_DIR/checkpoints, else /opt/ml/checkpoints)",
     )
     parser.add_argument(
         "--output-data-dir",
@@ -116,7 +117,14 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
         default=Path(env.get("SM_OUTPUT_DATA_DIR") or base / "output" / "data"),
         help="metrics.json, history.csv, history.png (default $SM_OUTPUT_DATA_DIR)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    local_model_dir = Path(env.get("SM_MODEL_DIR") or base / "model")
+    args.model_dir = (
+        local_model_dir
+        if args.model_dir is None or args.model_dir.startswith("s3://")
+        else Path(args.model_dir)
+    )
+    return args
 
 
 def thread_counts(env: Mapping[str, str], cpus: int, local_ranks: int) -> tuple[int, int]:
