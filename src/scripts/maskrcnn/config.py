@@ -1,0 +1,188 @@
+"""Configuration of the Mask R-CNN reference script: typed, frozen, built from a preset plus KEY=VALUE overrides.
+
+Every field can be overridden from the command line (or a SageMaker hyperparameter) as `--config key=value`;
+tuples are written comma-separated (`anchor_sizes=16,32,64,128,256`). Unknown keys and unparsable values are
+errors that name the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Config:
+    # backbone: ResNet bottleneck stages (blocks per stage), base width, normalisation
+    resnet_blocks: tuple[int, ...] = (3, 4, 6, 3)  # ResNet-50; (3, 4, 23, 3) is ResNet-101
+    resnet_width: int = 64  # channels of the stem; stage i has width * 2**i bottleneck channels (x4 out)
+    norm: str = "FreezeBN"  # FreezeBN (affine from pretrained statistics) | GN | None
+    gn_groups: int = 32
+    freeze_at: int = 2  # 0: train all; 1: freeze stem; 2: stem + first stage (Detectron's default)
+    fpn_channels: int = 256
+    # RPN
+    anchor_sizes: tuple[int, ...] = (32, 64, 128, 256, 512)  # one per level P2..P6 (strides 4..64)
+    anchor_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
+    rpn_batch_per_image: int = 256
+    rpn_fg_ratio: float = 0.5
+    rpn_pos_iou: float = 0.7
+    rpn_neg_iou: float = 0.3
+    rpn_nms_iou: float = 0.7
+    rpn_train_pre_nms_topk: int = 2000  # per level
+    rpn_train_post_nms_topk: int = 1000  # over all levels
+    rpn_test_pre_nms_topk: int = 1000
+    rpn_test_post_nms_topk: int = 1000
+    # box head
+    frcnn_batch_per_image: int = 512
+    frcnn_fg_ratio: float = 0.25
+    frcnn_fg_iou: float = 0.5
+    frcnn_fc_dim: int = 1024
+    frcnn_box_weights: tuple[float, ...] = (10.0, 10.0, 5.0, 5.0)
+    # mask head
+    mask_convs: int = 4
+    mask_channels: int = 256
+    mask_resolution: int = 28  # output side; ROIAlign samples half of it
+    # inference
+    test_score_thresh: float = 0.05
+    test_nms_iou: float = 0.5
+    test_max_detections: int = 100
+    # data
+    short_edge: tuple[int, ...] = (800,)  # training picks one at random (multi-scale); test uses the first
+    max_size: int = 1333
+    flip: bool = True
+    data_workers: int = 2  # threads decoding/augmenting images per rank
+    # optimisation: the schedule is written for a total batch of `schedule_batch` images per step and
+    # rescaled to the real total batch (linear scaling rule)
+    schedule_batch: int = 16
+    base_lr: float = 0.02  # at schedule_batch images per step
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    warmup_steps: int = 1000  # at schedule_batch images per step
+    warmup_factor: float = 0.33
+    lr_decay_steps: tuple[int, ...] = (60000, 80000)  # at schedule_batch images per step
+    total_steps: int = 90000  # at schedule_batch images per step (about 12 COCO epochs: the "1x" schedule)
+    steps_per_epoch: int = 500  # an epoch here is a logging/checkpoint period, not a pass over the data
+    images_per_rank: int = 1
+    max_checkpoints: int = 3
+    eval_max_images: int = 0  # 0: the whole validation set
+    seed: int = 1234
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The standard COCO Mask R-CNN R50-FPN 1x schedule (Detectron: box AP 37.7, mask AP 33.9).
+    "coco": {},
+    # A few-second model for tests, demos and CPUs: 128-pixel images, a one-block-per-stage ResNet 8 wide.
+    "tiny": {
+        "resnet_blocks": (1, 1, 1, 1),
+        "resnet_width": 8,
+        "norm": "GN",
+        "gn_groups": 4,
+        "freeze_at": 0,
+        "fpn_channels": 32,
+        "anchor_sizes": (16, 32, 64, 128, 256),
+        "rpn_batch_per_image": 64,
+        "rpn_train_pre_nms_topk": 200,
+        "rpn_train_post_nms_topk": 100,
+        "rpn_test_pre_nms_topk": 200,
+        "rpn_test_post_nms_topk": 100,
+        "frcnn_batch_per_image": 64,
+        "frcnn_fc_dim": 128,
+        "mask_convs": 2,
+        "mask_channels": 32,
+        "mask_resolution": 14,
+        "test_max_detections": 20,
+        "short_edge": (128,),
+        "max_size": 128,
+        "schedule_batch": 2,
+        "base_lr": 0.01,
+        "warmup_steps": 20,
+        "lr_decay_steps": (100000,),
+        "total_steps": 200,
+        "steps_per_epoch": 10,
+        "data_workers": 1,
+    },
+}
+
+
+class ConfigError(ValueError):
+    """A configuration value or key that cannot be used (the message names it)."""
+
+
+def _parse_value(key: str, text: str, current: Any) -> Any:
+    """Parse `text` into the type of the field's default value `current`."""
+    try:
+        if isinstance(current, bool):
+            low = text.strip().lower()
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return low in ("true", "1", "yes")
+        if isinstance(current, tuple):
+            item_type = type(current[0]) if current else float
+            return tuple(item_type(p) for p in text.replace(" ", "").split(",") if p)
+        return type(current)(text)
+    except ValueError:
+        raise ConfigError(
+            f"config key {key!r}: cannot parse {text!r} as {type(current).__name__}"
+            + (" (comma-separated list)" if isinstance(current, tuple) else "")
+        ) from None
+
+
+def build_config(preset: str, overrides: list[str]) -> Config:
+    """The preset's config with `KEY=VALUE` overrides applied in order."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}: expected one of {sorted(PRESETS)}")
+    cfg = replace(Config(), **PRESETS[preset])
+    names = {f.name for f in fields(Config)}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise ConfigError(f"config override {item!r}: expected KEY=VALUE")
+        if key not in names:
+            raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(names))}")
+        cfg = replace(cfg, **{key: _parse_value(key, text, getattr(cfg, key))})
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    if cfg.norm not in ("FreezeBN", "GN", "None"):
+        raise ConfigError(f"config key 'norm': expected FreezeBN, GN or None, got {cfg.norm!r}")
+    if len(cfg.resnet_blocks) != 4 or min(cfg.resnet_blocks) < 1:
+        raise ConfigError("config key 'resnet_blocks': expected 4 positive block counts, e.g. 3,4,6,3")
+    if len(cfg.anchor_sizes) != 5:
+        raise ConfigError("config key 'anchor_sizes': expected 5 sizes, one per level P2..P6")
+    if len(cfg.frcnn_box_weights) != 4:
+        raise ConfigError("config key 'frcnn_box_weights': expected 4 weights")
+    if cfg.mask_resolution % 2:
+        raise ConfigError("config key 'mask_resolution': expected an even number")
+    if cfg.images_per_rank != 1:
+        raise ConfigError("config key 'images_per_rank': only 1 image per rank per step is implemented")
+    if not 0 <= cfg.freeze_at <= 5:
+        raise ConfigError("config key 'freeze_at': expected 0..5")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The optimisation schedule rescaled from `schedule_batch` to `total_batch` images per step."""
+
+    lr: float
+    warmup_steps: int
+    decay_steps: tuple[int, ...]
+    total_steps: int
+
+
+def scaled_schedule(cfg: Config, total_batch: int) -> Schedule:
+    """Linear scaling rule: lr x total/reference, steps x reference/total (the images seen stay the same)."""
+    factor = cfg.schedule_batch / total_batch
+    return Schedule(
+        lr=cfg.base_lr / factor,
+        warmup_steps=max(1, round(cfg.warmup_steps * factor)),
+        decay_steps=tuple(round(s * factor) for s in cfg.lr_decay_steps),
+        total_steps=max(1, round(cfg.total_steps * factor)),
+    )
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

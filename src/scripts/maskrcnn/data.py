@@ -1,0 +1,227 @@
+"""COCO-format data: discovery in a channel directory, loading with pycocotools, augmentation, RPN targets,
+and the per-rank tensorpack dataflow that feeds training."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+from pycocotools import mask as mask_utils
+from pycocotools.coco import COCO
+
+import boxes as B
+from config import Config
+
+PIXEL_MEAN_RGB = np.array([123.675, 116.28, 103.53], np.float32)
+PIXEL_STD_RGB = np.array([58.395, 57.12, 57.375], np.float32)
+
+
+class DataError(ValueError):
+    """A data directory or annotation file that cannot be used (the message names it)."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A COCO annotation file, the directory its `file_name`s are relative to, and the category mapping."""
+
+    annotation_file: Path
+    image_root: Path
+    coco: COCO
+    category_ids: tuple[int, ...]  # contiguous class k (1-based) <-> COCO category_ids[k - 1]
+
+    @property
+    def num_classes(self) -> int:
+        """Foreground classes + background."""
+        return len(self.category_ids) + 1
+
+
+def find_annotation_file(data_dir: Path, explicit: str | None = None) -> Path:
+    """The annotation json in a channel: `explicit` (relative to data_dir), else the only *.json at the top
+    level or in annotations/."""
+    if explicit:
+        path = data_dir / explicit
+        if not path.is_file():
+            raise DataError(f"annotation file {path} does not exist")
+        return path
+    candidates = sorted(data_dir.glob("*.json")) or sorted((data_dir / "annotations").glob("*.json"))
+    if len(candidates) != 1:
+        raise DataError(
+            f"{data_dir}: expected exactly one COCO annotation *.json (at the top or in annotations/), "
+            f"found {len(candidates)}; name it with --train-json/--val-json"
+        )
+    return candidates[0]
+
+
+def load_dataset(data_dir: Path, explicit_json: str | None = None) -> Dataset:
+    if not data_dir.is_dir():
+        raise DataError(f"data directory {data_dir} does not exist")
+    ann = find_annotation_file(data_dir, explicit_json)
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
+        try:
+            coco = COCO(str(ann))
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataError(f"{ann}: not a COCO instances annotation file ({e})") from None
+    if not coco.dataset.get("images") or not coco.dataset.get("categories"):
+        raise DataError(f"{ann}: expected non-empty 'images' and 'categories'")
+    first = coco.dataset["images"][0]["file_name"]
+    roots = [data_dir / "images", data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
+    root = next((r for r in roots if (r / first).is_file()), None)
+    if root is None:
+        raise DataError(f"{ann}: image {first!r} not found under {data_dir} (tried images/, ., subdirectories)")
+    return Dataset(ann, root, coco, tuple(sorted(coco.getCatIds())))
+
+
+@dataclass(frozen=True)
+class Record:
+    """One image's ground truth, category ids mapped to contiguous classes 1..C; crowd regions dropped."""
+
+    image_id: int
+    path: str
+    height: int
+    width: int
+    boxes: np.ndarray  # (G, 4) x1 y1 x2 y2
+    classes: np.ndarray  # (G,) int64
+    segmentations: tuple[Any, ...]  # polygons (list of lists) or RLE, per object
+
+
+def records(ds: Dataset, with_empty: bool) -> list[Record]:
+    cat_to_class = {c: i + 1 for i, c in enumerate(ds.category_ids)}
+    out = []
+    for img_id in sorted(ds.coco.getImgIds()):
+        info = ds.coco.imgs[img_id]
+        anns = [
+            a
+            for a in ds.coco.imgToAnns.get(img_id, [])
+            if not a.get("iscrowd", 0) and a["bbox"][2] > 1 and a["bbox"][3] > 1
+        ]
+        if not anns and not with_empty:
+            continue
+        bx = np.array([a["bbox"] for a in anns], np.float32).reshape(-1, 4)
+        bx[:, 2:] += bx[:, :2]
+        out.append(
+            Record(
+                image_id=img_id,
+                path=str(ds.image_root / info["file_name"]),
+                height=int(info["height"]),
+                width=int(info["width"]),
+                boxes=bx,
+                classes=np.array([cat_to_class[a["category_id"]] for a in anns], np.int64),
+                segmentations=tuple(a["segmentation"] for a in anns),
+            )
+        )
+    return out
+
+
+def read_image(path: str) -> np.ndarray:
+    """RGB uint8."""
+    bgr = cv2.imread(path, cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise DataError(f"cannot read image {path}")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def resize_scale(h: int, w: int, short_edge: int, max_size: int) -> float:
+    """Scale that makes the short edge `short_edge` without the long edge exceeding `max_size`."""
+    return min(short_edge / min(h, w), max_size / max(h, w))
+
+
+def resize(img: np.ndarray, scale: float) -> np.ndarray:
+    h, w = img.shape[:2]
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    return cv2.resize(img, size, interpolation=cv2.INTER_LINEAR)
+
+
+def padded_size(h: int, w: int) -> tuple[int, int]:
+    return (-(-h // 32) * 32, -(-w // 32) * 32)
+
+
+def rasterize(segmentation: Any, h0: int, w0: int, scale: float, out_hw: tuple[int, int]) -> np.ndarray:
+    """A binary mask at the resized image size; polygons are scaled before rasterising (sharper)."""
+    h, w = out_hw
+    if isinstance(segmentation, list):
+        polys = [list(np.asarray(p, np.float64) * scale) for p in segmentation if len(p) >= 6]
+        return mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(polys, h, w)))
+    rle = segmentation if isinstance(segmentation["counts"], str) else mask_utils.frPyObjects(segmentation, h0, w0)
+    m = mask_utils.decode(rle)
+    return cv2.resize(m, (w, h), interpolation=cv2.INTER_NEAREST)
+
+
+def rpn_targets(
+    anchors: np.ndarray, gt: np.ndarray, cfg: Config, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Anchor labels (1 fg, 0 bg, -1 ignored) sampled to cfg.rpn_batch_per_image, and box deltas (fg rows)."""
+    labels = np.full(len(anchors), -1, np.int32)
+    deltas = np.zeros((len(anchors), 4), np.float32)
+    if len(gt) == 0:
+        return labels, deltas
+    iou = B.np_iou(anchors, gt)
+    best_gt = iou.argmax(axis=1)
+    best_iou = iou[np.arange(len(anchors)), best_gt]
+    labels[best_iou < cfg.rpn_neg_iou] = 0
+    # Every ground-truth box gets its best anchors (ties included), even below the positive threshold.
+    gt_best = iou.max(axis=0)
+    forced = np.nonzero((iou == gt_best[None, :]) & (gt_best[None, :] > 0))[0]
+    labels[forced] = 1
+    labels[best_iou >= cfg.rpn_pos_iou] = 1
+    for value, limit in (
+        (1, int(cfg.rpn_batch_per_image * cfg.rpn_fg_ratio)),
+        (0, cfg.rpn_batch_per_image - min(int((labels == 1).sum()), int(cfg.rpn_batch_per_image * cfg.rpn_fg_ratio))),
+    ):
+        idx = np.nonzero(labels == value)[0]
+        if len(idx) > limit:
+            labels[rng.choice(idx, len(idx) - limit, replace=False)] = -1
+    fg = labels == 1
+    deltas[fg] = B.np_encode(gt[best_gt[fg]], anchors[fg])
+    return labels, deltas
+
+
+def train_example(rec: Record, cfg: Config, rng: np.random.Generator) -> list[np.ndarray] | None:
+    """One training datapoint: [image, anchor_labels, anchor_deltas, gt_boxes, gt_labels, gt_masks]."""
+    img = read_image(rec.path)
+    h0, w0 = img.shape[:2]
+    scale = resize_scale(h0, w0, int(rng.choice(cfg.short_edge)), cfg.max_size)
+    img = resize(img, scale)
+    h, w = img.shape[:2]
+    boxes = rec.boxes * np.float32(scale)
+    masks = np.stack([rasterize(s, h0, w0, scale, (h, w)) for s in rec.segmentations]).astype(np.uint8)
+    if cfg.flip and rng.random() < 0.5:
+        img = img[:, ::-1]
+        masks = masks[:, :, ::-1]
+        boxes = np.stack([w - boxes[:, 2], boxes[:, 1], w - boxes[:, 0], boxes[:, 3]], axis=1)
+    keep = (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1)
+    if not keep.any():
+        return None
+    boxes, masks, classes = boxes[keep], masks[keep], rec.classes[keep]
+    anchors = B.np_anchors(*padded_size(h, w), cfg.anchor_sizes, cfg.anchor_ratios)
+    labels, deltas = rpn_targets(anchors, boxes, cfg, rng)
+    return [
+        np.ascontiguousarray(img, np.float32),
+        labels,
+        deltas,
+        boxes.astype(np.float32),
+        classes,
+        np.ascontiguousarray(masks),
+    ]
+
+
+def train_dataflow(recs: list[Record], cfg: Config, rank: int, size: int) -> Any:
+    """This rank's shard, shuffled every pass, decoded and augmented by `cfg.data_workers` threads."""
+    from tensorpack.dataflow import DataFromList, MapData, MultiThreadMapData
+
+    shard = recs[rank::size]
+    if not shard:
+        raise DataError(f"rank {rank}: no training images in its shard ({len(recs)} images for {size} ranks)")
+    rng = np.random.default_rng(cfg.seed + 1000 * rank)
+    ds = DataFromList(shard, shuffle=True)
+
+    def fn(rec: Record) -> list[np.ndarray] | None:
+        return train_example(rec, cfg, np.random.default_rng(rng.integers(1 << 62)))
+
+    if cfg.data_workers > 1:
+        return MultiThreadMapData(ds, num_thread=cfg.data_workers, map_func=fn, buffer_size=8 * cfg.data_workers)
+    return MapData(ds, fn)

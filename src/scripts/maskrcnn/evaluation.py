@@ -1,0 +1,96 @@
+"""Inference on images (resize, predict, scale back, paste masks) and COCO evaluation (bbox and segm)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cv2
+import numpy as np
+from pycocotools import mask as mask_utils
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+import boxes as B
+from config import Config
+from data import read_image, resize, resize_scale
+
+STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
+
+
+def paste_mask(mask: np.ndarray, box: np.ndarray, h: int, w: int, thresh: float = 0.5) -> np.ndarray:
+    """Binary full-image mask from an R x R probability map covering `box` (the inverse of ROIAlign's grid)."""
+    out = np.zeros((h, w), np.uint8)
+    x1, y1, x2, y2 = (float(v) for v in box)
+    ix1, iy1 = max(math.floor(x1), 0), max(math.floor(y1), 0)
+    ix2, iy2 = min(math.ceil(x2), w), min(math.ceil(y2), h)
+    if ix2 <= ix1 or iy2 <= iy1:
+        return out
+    r = mask.shape[0]
+    xs = (np.arange(ix1, ix2) + 0.5 - x1) / max(x2 - x1, 1e-3) * r - 0.5
+    ys = (np.arange(iy1, iy2) + 0.5 - y1) / max(y2 - y1, 1e-3) * r - 0.5
+    mx, my = np.meshgrid(xs.astype(np.float32), ys.astype(np.float32))
+    sampled = cv2.remap(mask.astype(np.float32), mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    out[iy1:iy2, ix1:ix2] = sampled >= thresh
+    return out
+
+
+def coco_results(
+    image_id: int,
+    boxes: np.ndarray,
+    scores: np.ndarray,
+    labels: np.ndarray,
+    masks: np.ndarray | None,
+    category_ids: Sequence[int],
+) -> list[dict[str, Any]]:
+    """COCO result entries; `labels` are 1-based contiguous classes, `masks` full-image binary (k, h, w)."""
+    out = []
+    for i in range(len(boxes)):
+        x1, y1, x2, y2 = (float(v) for v in boxes[i])
+        entry: dict[str, Any] = {
+            "image_id": int(image_id),
+            "category_id": int(category_ids[int(labels[i]) - 1]),
+            "bbox": [round(x1, 2), round(y1, 2), round(x2 - x1, 2), round(y2 - y1, 2)],
+            "score": round(float(scores[i]), 5),
+        }
+        if masks is not None:
+            rle = mask_utils.encode(np.asfortranarray(masks[i].astype(np.uint8)))
+            rle["counts"] = rle["counts"].decode("ascii")
+            entry["segmentation"] = rle
+        out.append(entry)
+    return out
+
+
+def predict_image(predictor: Callable[..., Any], path: str, image_id: int, cfg: Config, category_ids: Sequence[int]):
+    """Run the model on one image file; results in the original image's coordinates."""
+    img = read_image(path)
+    h0, w0 = img.shape[:2]
+    resized = resize(img, resize_scale(h0, w0, cfg.short_edge[0], cfg.max_size))
+    boxes, scores, labels, masks = predictor(resized.astype(np.float32))
+    sx, sy = resized.shape[1] / w0, resized.shape[0] / h0
+    boxes = B.np_clip(boxes / np.array([sx, sy, sx, sy], np.float32), h0, w0)
+    full = np.stack([paste_mask(m, b, h0, w0) for m, b in zip(masks, boxes, strict=True)]) if len(boxes) else None
+    return coco_results(image_id, boxes, scores, labels, full, category_ids)
+
+
+def coco_evaluate(coco_gt: COCO, results: list[dict[str, Any]], image_ids: Sequence[int]) -> dict[str, Any]:
+    """COCOeval bbox and segm summaries (AP in [0, 1]) over `image_ids`."""
+    out: dict[str, Any] = {}
+    for iou_type in ("bbox", "segm"):
+        if not results:
+            out[iou_type] = dict.fromkeys(STAT_NAMES, 0.0)
+            continue
+        with contextlib.redirect_stdout(io.StringIO()) as text:
+            dt = coco_gt.loadRes(results)
+            ev = COCOeval(coco_gt, dt, iou_type)
+            ev.params.imgIds = list(image_ids)
+            ev.evaluate()
+            ev.accumulate()
+            ev.summarize()
+        # COCOeval reports -1 where a figure is undefined (e.g. no large objects): null in the JSON.
+        out[iou_type] = {k: (float(v) if v >= 0 else None) for k, v in zip(STAT_NAMES, ev.stats, strict=True)}
+        out[iou_type + "_summary"] = text.getvalue().strip().splitlines()[-12:]
+    return out

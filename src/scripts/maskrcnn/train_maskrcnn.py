@@ -1,0 +1,358 @@
+"""Mask R-CNN (ResNet-FPN) on tensorpack: train with Horovod (or one process), checkpoint/resume, export the
+model, evaluate with COCOeval (bbox + segm).
+
+Runs as a SageMaker script (every hyperparameter arrives as `--key value`) or directly:
+
+    mpirun -np 2 python train_maskrcnn.py --preset tiny --data-dir DIR --config total_steps=40
+
+Paths default to the SageMaker layout under $SAGEMAKER_BASE_DIR (default /opt/ml): channels `train`, `val`
+and `pretrained` (an .npz), checkpoints in <root>/checkpoints, the model in SM_MODEL_DIR, evaluation JSON in
+SM_OUTPUT_DATA_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # modules next to this script, whatever the working directory
+    sys.path.insert(0, str(HERE))
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ warnings drown the training log
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf1 = tf.compat.v1
+
+import dist  # noqa: E402
+from config import Config, ConfigError, build_config, scaled_schedule, to_dict  # noqa: E402
+from data import DataError  # noqa: E402
+
+MODEL_FILE = "model.npz"
+VAL_CHANNELS = ("val", "validation", "test")
+
+
+class UsageError(ValueError):
+    """A path or argument that cannot be used (the message names it)."""
+
+
+@dataclass(frozen=True)
+class Paths:
+    train: Path | None
+    val: Path | None
+    train_json: str | None  # annotation file relative to `train` (None: auto-detect)
+    val_json: str | None
+    pretrained: Path | None
+    checkpoints: Path
+    model: Path
+    output: Path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Mask R-CNN (ResNet-FPN) with tensorpack and Horovod")
+    p.add_argument("--preset", default="coco", help="tiny | coco (default coco)")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE ...",
+        help="config overrides, space-separated, repeatable (e.g. --config 'total_steps=40 norm=GN')",
+    )
+    p.add_argument("--data-dir", type=Path, help="holds train/ and val/ (used when channels are absent)")
+    p.add_argument("--train-dir", type=Path, help="training data (default: $SM_CHANNEL_TRAIN)")
+    p.add_argument("--val-dir", type=Path, help="validation data (default: $SM_CHANNEL_VAL)")
+    p.add_argument("--train-json", help="annotation file relative to the training dir (default: auto)")
+    p.add_argument("--val-json", help="annotation file relative to the validation dir (default: auto)")
+    p.add_argument("--pretrained", type=Path, help="backbone .npz, or a dir with one (default: pretrained channel)")
+    p.add_argument("--checkpoint-dir", type=Path, help="default: $SAGEMAKER_BASE_DIR/checkpoints")
+    p.add_argument("--model-dir", type=Path, help="default: $SM_MODEL_DIR")
+    p.add_argument("--output-dir", type=Path, help="default: $SM_OUTPUT_DATA_DIR")
+    p.add_argument("--eval", default="true", help="evaluate after training: true | false")
+    p.add_argument("--eval-only", default="false", help="skip training; evaluate --model-dir's model.npz")
+    return p.parse_args(argv)
+
+
+def _bool(name: str, text: str) -> bool:
+    low = str(text).strip().lower()
+    if low not in ("true", "false", "1", "0", "yes", "no"):
+        raise UsageError(f"--{name}: expected true or false, got {text!r}")
+    return low in ("true", "1", "yes")
+
+
+def _channel(name: str) -> Path | None:
+    value = os.environ.get(f"SM_CHANNEL_{name.upper()}")
+    return Path(value) if value else None
+
+
+def resolve_paths(a: argparse.Namespace) -> Paths:
+    root = Path(os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml"))
+    train = a.train_dir or _channel("train") or (a.data_dir / "train" if a.data_dir else None)
+    val = a.val_dir or next((c for c in map(_channel, VAL_CHANNELS) if c), None)
+    if val is None and a.data_dir and (a.data_dir / "val").is_dir():
+        val = a.data_dir / "val"
+    pretrained = a.pretrained or _channel("pretrained")
+    if pretrained is not None and pretrained.is_dir():
+        found = sorted(pretrained.glob("*.npz"))
+        if len(found) != 1:
+            raise UsageError(f"pretrained directory {pretrained}: expected exactly one .npz, found {len(found)}")
+        pretrained = found[0]
+    if pretrained is not None and not pretrained.is_file():
+        raise UsageError(f"pretrained weights {pretrained} do not exist")
+    return Paths(
+        train=train,
+        val=val,
+        train_json=a.train_json,
+        val_json=a.val_json,
+        pretrained=pretrained,
+        checkpoints=a.checkpoint_dir or root / "checkpoints",
+        model=a.model_dir or Path(os.environ.get("SM_MODEL_DIR", root / "model")),
+        output=a.output_dir or Path(os.environ.get("SM_OUTPUT_DATA_DIR", root / "output" / "data")),
+    )
+
+
+def parse_overrides(values: list[str]) -> list[str]:
+    return [item for v in values for item in shlex.split(v)]
+
+
+def latest_checkpoint_step(ckpt_dir: Path) -> tuple[str | None, int]:
+    path = tf1.train.latest_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    if path is None:
+        return None, 0
+    return path, int(tf1.train.load_variable(path, "global_step"))
+
+
+def export_npz(ckpt: str, out: Path) -> None:
+    """The model's variables (no optimizer slots, no step counter) as an .npz, written atomically."""
+    from tensorpack.tfutils.varmanip import load_checkpoint_vars
+
+    params = {
+        k: v for k, v in load_checkpoint_vars(ckpt).items() if "Momentum" not in k and not k.startswith("global_step")
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **params)
+    tmp.replace(out)
+
+
+class TrainLog:
+    """Factory of a tensorpack callback: per-epoch mean loss, s/step and images/s on rank 0; stops on NaN."""
+
+    @staticmethod
+    def make(images_per_step: int) -> Any:
+        from tensorpack.callbacks import Callback
+        from tensorpack.utils import logger
+
+        class _TrainLog(Callback):
+            def _setup_graph(self) -> None:
+                self._cost = tf1.get_default_graph().get_tensor_by_name("total_cost:0")
+
+            def _before_epoch(self) -> None:
+                self._losses: list[float] = []
+                self._t0 = time.perf_counter()
+
+            def _before_run(self, _: Any) -> Any:
+                return tf1.train.SessionRunArgs(fetches=self._cost)
+
+            def _after_run(self, _: Any, values: Any) -> None:
+                loss = float(values.results)
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"loss became {loss} at step {self.global_step}")
+                self._losses.append(loss)
+
+            def _trigger_epoch(self) -> None:
+                dt = time.perf_counter() - self._t0
+                n = max(len(self._losses), 1)
+                mean = float(np.mean(self._losses)) if self._losses else float("nan")
+                self.trainer.monitors.put_scalar("train/loss_epoch_mean", mean)
+                self.trainer.monitors.put_scalar("train/sec_per_step", dt / n)
+                self.trainer.monitors.put_scalar("train/images_per_sec", n * images_per_step / dt)
+                logger.info(
+                    f"epoch {self.epoch_num}: mean loss {mean:.4f}, {dt / n:.3f} s/step, "
+                    f"{n * images_per_step / dt:.2f} images/s"
+                )
+
+        return _TrainLog()
+
+
+def train(cfg: Config, paths: Paths, world: dist.World) -> str:
+    """Train (or resume) to cfg.total_steps; returns the final checkpoint path (on rank 0)."""
+    from tensorpack import TrainConfig, launch_train_with_config
+    from tensorpack.callbacks import MergeAllSummaries, ModelSaver, MovingAverageSummary, RunUpdateOps
+    from tensorpack.input_source import QueueInput
+    from tensorpack.tfutils.sesscreate import NewSessionCreator
+    from tensorpack.tfutils.sessinit import SmartInit
+    from tensorpack.train import HorovodTrainer, SimpleTrainer
+    from tensorpack.utils import logger
+
+    import data
+    from model import MaskRCNN
+
+    if paths.train is None:
+        raise UsageError("no training data: give --train-dir or --data-dir, or a 'train' channel")
+    ds = data.load_dataset(paths.train, paths.train_json)
+    recs = data.records(ds, with_empty=False)
+    if not recs:
+        raise DataError(f"{ds.annotation_file}: no image has a usable (non-crowd) annotation")
+    schedule = scaled_schedule(cfg, world.size * cfg.images_per_rank)
+    ckpt, step = latest_checkpoint_step(paths.checkpoints) if world.is_chief else (None, 0)
+    step = dist.broadcast_int(world, step)
+    if world.is_chief:
+        logger.info(
+            f"{len(recs)} training images, {ds.num_classes - 1} classes, world size {world.size}; "
+            f"lr {schedule.lr:g}, warmup {schedule.warmup_steps}, decay at {schedule.decay_steps}, "
+            f"{schedule.total_steps} steps" + (f"; resuming from {ckpt} (step {step})" if ckpt else "")
+        )
+    if step >= schedule.total_steps:
+        if world.is_chief:
+            logger.info(f"checkpoint at step {step} already reaches {schedule.total_steps} steps: not training")
+        return ckpt or ""
+
+    session_init = None
+    if world.is_chief:
+        if ckpt:
+            session_init = SmartInit(ckpt)
+        elif paths.pretrained:
+            logger.info(f"loading pretrained weights from {paths.pretrained}")
+            session_init = SmartInit(str(paths.pretrained))
+    spe = cfg.steps_per_epoch
+    sess_config = tf1.ConfigProto(
+        allow_soft_placement=True,
+        intra_op_parallelism_threads=max(1, (os.cpu_count() or 1) // world.local_size),
+        inter_op_parallelism_threads=max(1, (os.cpu_count() or 1) // world.local_size),
+    )
+    callbacks = [TrainLog.make(world.size * cfg.images_per_rank)]
+    if world.is_chief:
+        callbacks.append(ModelSaver(max_to_keep=cfg.max_checkpoints, checkpoint_dir=str(paths.checkpoints)))
+    config = TrainConfig(
+        model=MaskRCNN(cfg, ds.num_classes, schedule),
+        data=QueueInput(data.train_dataflow(recs, cfg, world.rank, world.size)),
+        callbacks=callbacks,
+        extra_callbacks=[MovingAverageSummary(), MergeAllSummaries(period=spe), RunUpdateOps()],
+        session_creator=NewSessionCreator(config=sess_config),
+        session_init=session_init,
+        steps_per_epoch=spe,
+        starting_epoch=step // spe + 1,
+        max_epoch=math.ceil(schedule.total_steps / spe),
+    )
+    trainer = HorovodTrainer(average=True) if world.size > 1 else SimpleTrainer()
+    launch_train_with_config(config, trainer)
+    final, _ = latest_checkpoint_step(paths.checkpoints) if world.is_chief else (None, 0)
+    return final or ""
+
+
+def evaluate(cfg: Config, paths: Paths, world: dist.World, weights: Path) -> dict[str, Any] | None:
+    """Each rank predicts its shard of the validation images; rank 0 runs COCOeval and writes eval.json."""
+    from tensorpack.predict import OfflinePredictor, PredictConfig
+    from tensorpack.tfutils.sessinit import SmartInit
+    from tensorpack.utils import logger
+
+    import data
+    from evaluation import coco_evaluate, predict_image
+    from model import OUTPUT_NAMES, MaskRCNN
+
+    if paths.val is None:
+        if world.is_chief:
+            logger.info("no validation data (--val-dir, 'val' channel or <data-dir>/val): skipping evaluation")
+        return None
+    ds = data.load_dataset(paths.val, paths.val_json)
+    recs = data.records(ds, with_empty=True)
+    if cfg.eval_max_images:
+        recs = recs[: cfg.eval_max_images]
+    predictor = OfflinePredictor(
+        PredictConfig(
+            model=MaskRCNN(cfg, ds.num_classes),
+            session_init=SmartInit(str(weights)),
+            input_names=["image"],
+            output_names=list(OUTPUT_NAMES),
+        )
+    )
+    t0 = time.perf_counter()
+    mine = [r for i, r in enumerate(recs) if i % world.size == world.rank]
+    results = [res for r in mine for res in predict_image(predictor, r.path, r.image_id, cfg, ds.category_ids)]
+    seconds = time.perf_counter() - t0
+    everything = [json.loads(b) for b in dist.gather_bytes(world, json.dumps(results).encode())]
+    if not world.is_chief:
+        return None
+    results = [r for part in everything for r in part]
+    metrics = coco_evaluate(ds.coco, results, [r.image_id for r in recs])
+    metrics.update(
+        images=len(recs), detections=len(results), model=str(weights), annotations=str(ds.annotation_file),
+        seconds_per_image_per_rank=seconds / max(len(mine), 1),
+    )  # fmt: skip
+    paths.output.mkdir(parents=True, exist_ok=True)
+    (paths.output / "eval.json").write_text(json.dumps(metrics, indent=2))
+    (paths.output / "detections.json").write_text(json.dumps(results))
+    logger.info(
+        f"COCO bbox AP {metrics['bbox']['AP']:.4f} AP50 {metrics['bbox']['AP50']:.4f}; "
+        f"segm AP {metrics['segm']['AP']:.4f} AP50 {metrics['segm']['AP50']:.4f} "
+        f"({len(recs)} images) -> {paths.output / 'eval.json'}"
+    )
+    return metrics
+
+
+def run(a: argparse.Namespace) -> int:
+    from tensorpack.utils import logger
+
+    cfg = build_config(a.preset, parse_overrides(a.config))
+    paths = resolve_paths(a)
+    do_eval, eval_only = _bool("eval", a.eval), _bool("eval-only", a.eval_only)
+    world = dist.init_world()
+    if world.is_chief:
+        paths.checkpoints.mkdir(parents=True, exist_ok=True)
+        logger.set_logger_dir(str(paths.checkpoints), action="k")
+        logger.info("config: " + json.dumps(to_dict(cfg)))
+    else:
+        logger._logger.setLevel(logging.WARNING)  # one log: rank 0's
+    model_file = paths.model / MODEL_FILE
+    if not eval_only:
+        final = train(cfg, paths, world)
+        if world.is_chief and final:
+            export_npz(final, model_file)
+            (paths.model / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+            logger.info(f"model written to {model_file}")
+    if do_eval or eval_only:
+        if world.is_chief and not model_file.is_file():
+            raise UsageError(f"no model to evaluate: {model_file} does not exist")
+        with tempfile.TemporaryDirectory(prefix="maskrcnn-eval-") as tmp:
+            evaluate(cfg, paths, world, shared_file(world, model_file, Path(tmp)))
+    return 0
+
+
+def shared_file(world: dist.World, path: Path, scratch: Path) -> Path:
+    """`path` of rank 0, readable on every rank: itself where visible (one host), else a copy rank 0 sends."""
+    visible = dist.gather_bytes(world, b"1" if path.is_file() else b"0")
+    if all(v == b"1" for v in visible):
+        return path
+    payload = dist.broadcast_bytes(world, path.read_bytes() if world.is_chief else b"")
+    if world.is_chief:
+        return path
+    copy = scratch / path.name
+    copy.write_bytes(payload)
+    return copy
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tf1.disable_eager_execution()
+    if not hasattr(tf, "global_variables"):  # tensorpack's HorovodTrainer calls the TF1 name
+        tf.global_variables = tf1.global_variables
+    try:
+        return run(args)
+    except (ConfigError, DataError, UsageError) as e:
+        print(f"train_maskrcnn: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
