@@ -54,20 +54,38 @@ def main() -> None:
         (code / "bench.py").write_text(SCRIPT)
         out = root / "out"
         out.mkdir()
-        paths = write_ml_tree(root / "ml", hyperparameters={
-            "sagemaker_program": "bench.py", "sagemaker_submit_directory": str(code),
-            "sagemaker_mpi_num_of_processes_per_host": 2, "out": str(out),
-        })
+        paths = write_ml_tree(
+            root / "ml",
+            hyperparameters={
+                "sagemaker_program": "bench.py",
+                "sagemaker_submit_directory": str(code),
+                "sagemaker_mpi_num_of_processes_per_host": 2,
+                "out": str(out),
+            },
+        )
         train = str(Path(sys.executable).parent / "train")
         env = {**os.environ, "SAGEMAKER_BASE_DIR": str(paths.base)}
-        mpirun = ["mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "none",
-                  sys.executable, str(code / "bench.py"), "--out", str(out)]
+        mpirun = [
+            "mpirun",
+            "--allow-run-as-root",
+            "-np",
+            "2",
+            "--bind-to",
+            "none",
+            sys.executable,
+            str(code / "bench.py"),
+            "--out",
+            str(out),
+        ]
         rows = {"train (this launcher)": [train], "bare mpirun (floor)": mpirun}
         results = {}
         for name, argv in rows.items():
             one_run(argv, env, out)  # warm the page cache
             samples = [one_run(argv, env, out) for _ in range(args.runs)]
-            results[name] = (statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples))
+            results[name] = (
+                statistics.median(s[0] for s in samples),
+                statistics.median(s[1] for s in samples),
+            )
     print(f"np=2 on one host, median of {args.runs} runs")
     print(f"{'':24} {'start -> rank 0 running':>24} {'script end -> exit':>20}")
     for name, (start, end) in results.items():
