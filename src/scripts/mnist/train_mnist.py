@@ -218,7 +218,13 @@ def train(
         found = mnist_checkpoints.latest_checkpoint(args.checkpoint_dir)
         if found is not None:
             resume_epoch, checkpoint = found
-            state.read(str(checkpoint / mnist_checkpoints.STATE_PREFIX)).assert_consumed()
+            try:
+                state.read(str(checkpoint / mnist_checkpoints.STATE_PREFIX)).assert_consumed()
+            except (AssertionError, ValueError, tf.errors.OpError) as error:
+                raise SystemExit(
+                    f"{PROGRAM}: error: checkpoint {checkpoint} does not fit this model ({error}); "
+                    "remove it or give another --checkpoint-dir"
+                ) from error
             history = list(mnist_checkpoints.read_meta(checkpoint).get("history", []))[:resume_epoch]
             log(f"resuming from epoch {resume_epoch}: {checkpoint}")
     resume_epoch = int(hvd_core.broadcast_object(resume_epoch, root_rank=0, name="resume_epoch"))
