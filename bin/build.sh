@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Build the CPU or GPU training image (docker/Dockerfile, target cpu|gpu) and tag it twice: NAME:FLAVOR-GITSHA
+# (immutable: what an estimator should reference) and NAME:FLAVOR (moving). Images are made with Docker v2
+# manifests and no attestation/OCI index, which SageMaker rejects. Prints the two image references on stdout.
+set -euo pipefail
+
+usage() {
+  cat <<USAGE
+usage: $(basename "$0") [options] cpu|gpu
+  --engine E          docker, podman or buildah (default: \$SMHVD_ENGINE, else the first one installed)
+  --name NAME         image name (default: \$SMHVD_IMAGE_NAME or sagemaker-horovod)
+  --base-image REF    base image (default: the Dockerfile's, docker.io/library/debian:bookworm-slim)
+  --extra-ca PATH     trust these CA certificates (a PEM file, or a directory of *.crt/*.pem) while downloading
+                      during the build, e.g. behind an HTTPS-intercepting proxy; repeatable. Not stored in the image.
+  --build-arg K=V     any other Dockerfile ARG (versions, HOROVOD_BUILD_CUDA_CC_LIST...); repeatable
+  --no-cache          rebuild every layer
+  -h, --help          this help
+The build context is the repository root. Examples:
+  $(basename "$0") cpu
+  $(basename "$0") --engine podman --extra-ca /usr/local/share/ca-certificates gpu
+USAGE
+}
+
+die() { echo "build.sh: $*" >&2; exit 2; }
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+engine=${SMHVD_ENGINE:-}
+name=${SMHVD_IMAGE_NAME:-sagemaker-horovod}
+base_image=""
+extra_ca=()
+build_args=()
+no_cache=0
+flavor=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --engine) engine=${2:?--engine needs a value}; shift ;;
+    --name) name=${2:?--name needs a value}; shift ;;
+    --base-image) base_image=${2:?--base-image needs a value}; shift ;;
+    --extra-ca) extra_ca+=("${2:?--extra-ca needs a path}"); shift ;;
+    --build-arg) build_args+=("${2:?--build-arg needs KEY=VALUE}"); shift ;;
+    --no-cache) no_cache=1 ;;
+    -h|--help) usage; exit 0 ;;
+    cpu|gpu) [ -z "$flavor" ] || die "only one flavor per build (got $flavor and $1)"; flavor=$1 ;;
+    *) usage >&2; die "unknown argument '$1'" ;;
+  esac
+  shift
+done
+[ -n "$flavor" ] || { usage >&2; die "missing the flavor: cpu or gpu"; }
+
+if [ -z "$engine" ]; then
+  for candidate in docker podman buildah; do
+    if command -v "$candidate" >/dev/null; then engine=$candidate; break; fi
+  done
+  [ -n "$engine" ] || die "no container engine found (install docker, podman or buildah, or pass --engine)"
+fi
+case "$engine" in
+  docker|podman|buildah) command -v "$engine" >/dev/null || die "--engine $engine: $engine is not installed" ;;
+  *) die "--engine must be docker, podman or buildah, not '$engine'" ;;
+esac
+for arg in "${build_args[@]}"; do
+  [[ "$arg" == [A-Za-z_]*=* ]] || die "--build-arg '$arg' is not KEY=VALUE"
+done
+
+# PEM text of the extra CAs; files are read here so the build context does not need them.
+ca_pem=""
+for path in "${extra_ca[@]}"; do
+  if [ -d "$path" ]; then
+    files=()
+    while IFS= read -r -d '' f; do files+=("$f"); done \
+      < <(find "$path" -maxdepth 1 -type f \( -name '*.crt' -o -name '*.pem' \) -print0 | sort -z)
+    [ "${#files[@]}" -gt 0 ] || die "--extra-ca $path: no *.crt or *.pem file in this directory"
+  elif [ -f "$path" ]; then
+    files=("$path")
+  else
+    die "--extra-ca $path: no such file or directory"
+  fi
+  for f in "${files[@]}"; do
+    grep -q -- '-----BEGIN CERTIFICATE-----' "$f" || die "--extra-ca $f: not a PEM certificate"
+    ca_pem+=$(cat "$f")$'\n'
+  done
+done
+
+commit=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
+short=${commit:0:12}
+# A tag named after a commit must not hide uncommitted changes to what goes into the image.
+if [ "$commit" != unknown ] && [ -n "$(git -C "$repo" status --porcelain -- docker requirements src pyproject.toml)" ]; then
+  short="$short-dirty"
+fi
+version=$(sed -n -E 's/^version[[:space:]]*=[[:space:]]*"([^"]+)".*/\1/p' "$repo/pyproject.toml" | head -n 1)
+immutable="$name:$flavor-$short"
+moving="$name:$flavor"
+
+args=(--file "$repo/docker/Dockerfile" --target "$flavor" --tag "$immutable" --tag "$moving"
+      --build-arg "VERSION=${version:-dev}" --build-arg "GIT_COMMIT=$commit")
+[ -z "$base_image" ] || args+=(--build-arg "BASE_IMAGE=$base_image")
+[ -z "$ca_pem" ] || args+=(--build-arg "EXTRA_CA_CERTS=$ca_pem")
+for arg in "${build_args[@]}"; do args+=(--build-arg "$arg"); done
+[ "$no_cache" = 0 ] || args+=(--no-cache)
+
+case "$engine" in
+  docker)
+    # BuildKit (buildx) would add a provenance attestation, i.e. an OCI index: SageMaker rejects those.
+    if [ "${DOCKER_BUILDKIT:-}" != 0 ] && docker buildx version >/dev/null 2>&1; then
+      cmd=(docker buildx build --load --provenance=false --sbom=false "${args[@]}" "$repo")
+    else
+      cmd=(docker build "${args[@]}" "$repo")
+    fi
+    ;;
+  podman) cmd=(podman build --format docker --layers "${args[@]}" "$repo") ;;
+  buildah) cmd=(buildah build --format docker --layers "${args[@]}" "$repo") ;;
+esac
+
+echo "build.sh: $engine: building $moving ($immutable)" >&2
+start=$SECONDS
+"${cmd[@]}" >&2
+echo "build.sh: built in $((SECONDS - start)) s" >&2
+printf '%s\n' "$immutable" "$moving"

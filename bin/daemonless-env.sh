@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Prepare a private, daemonless container toolchain (buildah/podman + runc, overlay storage) for building and
+# running this project's images on a machine without a Docker engine, and print the environment that selects
+# it as KEY=VALUE lines. Nothing outside STATE_DIR is configured: the machine's own /etc/containers is left alone.
+#
+#   eval "$(bin/daemonless-env.sh --export)"      # then: podman images, bin/build.sh --engine podman cpu ...
+set -euo pipefail
+
+usage() {
+  cat <<USAGE
+usage: $(basename "$0") [--install] [--export] [STATE_DIR]
+  STATE_DIR  where configuration and image storage live (default: <repo>/build/containers)
+  --install  apt-get install the missing tools first (buildah podman skopeo runc docker-registry debootstrap
+             shellcheck); needs root
+  --export   print 'export KEY=VALUE' lines (for eval) instead of KEY=VALUE
+USAGE
+}
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+state="$repo/build/containers"
+install=0
+prefix=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --install) install=1 ;;
+    --export) prefix="export " ;;
+    -h|--help) usage; exit 0 ;;
+    -*) echo "daemonless-env: unknown option $1" >&2; usage >&2; exit 2 ;;
+    *) state=$1 ;;
+  esac
+  shift
+done
+
+tools=(buildah podman skopeo runc docker-registry debootstrap shellcheck)
+packages=(buildah podman skopeo runc docker-registry debootstrap shellcheck uidmap containernetworking-plugins)
+if [ "$install" = 1 ]; then
+  missing=()
+  for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+      missing+=("$p")
+    fi
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "daemonless-env: apt-get install ${missing[*]}" >&2
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  fi
+fi
+for t in "${tools[@]}"; do
+  if ! command -v "$t" >/dev/null; then
+    echo "daemonless-env: $t not found (run with --install, or apt-get install $t)" >&2
+    exit 1
+  fi
+done
+
+mkdir -p "$state"
+state=$(cd "$state" && pwd)
+
+# runc, not crun (crun fails on this kind of kernel/sandbox); ulimits lowered because the defaults inherited
+# from the host can exceed what an unprivileged-looking sandbox allows; cgroupfs and file events need no systemd.
+cat >"$state/containers.conf" <<CONF
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+CONF
+
+# overlay is 3-4x faster than vfs for multi-GB layers and stores a third of the bytes.
+cat >"$state/storage.conf" <<CONF
+[storage]
+driver = "overlay"
+runroot = "$state/run"
+graphroot = "$state/storage"
+CONF
+
+# Only fully qualified names are resolved (no silent Docker Hub lookups); the local test registry on the
+# loopback interface is plain HTTP.
+cat >"$state/registries.conf" <<CONF
+unqualified-search-registries = []
+short-name-mode = "disabled"
+
+[[registry]]
+location = "127.0.0.1:5000"
+insecure = true
+CONF
+
+# Registry logins made through this environment stay here, away from the user's own credentials.
+[ -s "$state/auth.json" ] || echo '{}' >"$state/auth.json"
+
+printf '%s%s\n' \
+  "$prefix" "CONTAINERS_CONF=$state/containers.conf" \
+  "$prefix" "CONTAINERS_STORAGE_CONF=$state/storage.conf" \
+  "$prefix" "CONTAINERS_REGISTRIES_CONF=$state/registries.conf" \
+  "$prefix" "REGISTRY_AUTH_FILE=$state/auth.json" \
+  "$prefix" "BUILDAH_ISOLATION=chroot"

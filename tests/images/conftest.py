@@ -1,0 +1,171 @@
+"""Fixtures of the image tier: everything real, no Docker engine needed.
+
+- a daemonless container toolchain (buildah/podman + runc, overlay storage) configured privately under
+  build/containers by bin/daemonless-env.sh (CI=true: missing tools are apt-installed, never skipped);
+- a Debian base image made with debootstrap from the Debian mirror (bin/make-base-image.sh, cached);
+- the CPU image built FROM it by bin/build.sh (layer cache in build/containers: warm runs take seconds);
+- a local registry (the CNCF distribution registry) on 127.0.0.1:5000;
+- podman's Docker-compatible API service, so the docker CLI and scripts written for docker run for real.
+
+Build and run durations are appended to build/images-test/timings.jsonl (figures for the README).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from .helpers import (
+    REGISTRY_ADDR,
+    REPO,
+    STATE,
+    TOOLS,
+    WORK,
+    BuiltImage,
+    build_image,
+    in_ci,
+    record_timing,
+    run,
+    wait_until,
+)
+
+
+@pytest.fixture(scope="session")
+def engine_env() -> dict[str, str]:
+    """Environment selecting the private podman/buildah configuration (tools installed in CI)."""
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    cmd = ["bash", str(REPO / "bin" / "daemonless-env.sh")]
+    if missing:
+        if not in_ci():
+            pytest.skip(f"{', '.join(missing)} not installed: run bin/daemonless-env.sh --install (CI does)")
+        cmd.append("--install")
+    if os.geteuid() != 0:
+        pytest.skip("the image tier runs buildah/podman as root (rootful overlay storage)")
+    out = subprocess.run([*cmd, str(STATE)], capture_output=True, text=True, check=True, timeout=900).stdout
+    env = dict(os.environ)
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        env[key] = value
+    # Only the image under test, never a user's or the CI's Docker config.
+    env["DOCKER_CONFIG"] = str(WORK / "docker-config")
+    return env
+
+
+@pytest.fixture(scope="session")
+def base_image(engine_env: dict[str, str]) -> str:
+    tag = "localhost/debian:bookworm"
+    start = time.monotonic()
+    run(
+        ["bash", str(REPO / "bin" / "make-base-image.sh"), "--tag", tag],
+        engine_env,
+        900,
+        WORK / "base-image.log",
+    )
+    record_timing("base-image", time.monotonic() - start)
+    return tag
+
+
+@pytest.fixture(scope="session")
+def cpu_image(engine_env: dict[str, str], base_image: str) -> BuiltImage:
+    return build_image("cpu", base_image, engine_env)
+
+
+@pytest.fixture(scope="session")
+def registry(engine_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real registry (docker-registry serve) on 127.0.0.1:5000, plain HTTP, empty at start."""
+    with socket.socket() as s:
+        if s.connect_ex(REGISTRY_ADDR) == 0:
+            pytest.fail(
+                f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]} is already in use: stop whatever listens there"
+            )
+    root = tmp_path_factory.mktemp("registry")
+    config = root / "config.yml"
+    config.write_text(
+        "version: 0.1\n"
+        "log:\n  level: warn\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
+        f"http:\n  addr: {REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}\n"
+    )
+    log = (root / "registry.log").open("w")
+    proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}/v2/"
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def answers() -> bool:
+        assert (
+            proc.poll() is None
+        ), f"docker-registry exited {proc.returncode}: {(root / 'registry.log').read_text()}"
+        try:
+            with no_proxy.open(url, timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    try:
+        wait_until(f"the registry to answer {url}", answers, timeout=30)
+        yield f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def docker_env(engine_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The docker CLI pointed at `podman system service` (same image store as buildah/podman above)."""
+    if shutil.which("docker") is None:
+        if not in_ci():
+            pytest.skip("the docker CLI is not installed (apt-get install docker.io; CI installs it)")
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "docker.io"],
+            env=dict(engine_env, DEBIAN_FRONTEND="noninteractive"),
+            check=True,
+            timeout=900,
+        )
+    sock = STATE / "podman-test.sock"
+    sock.unlink(missing_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    log = (WORK / "podman-service.log").open("w")
+    proc = subprocess.Popen(
+        ["podman", "system", "service", "--time=0", f"unix://{sock}"],
+        env=engine_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    env = dict(engine_env, DOCKER_HOST=f"unix://{sock}", DOCKER_BUILDKIT="0")
+
+    def answers() -> bool:
+        assert (
+            proc.poll() is None
+        ), f"podman system service exited {proc.returncode}: see {WORK / 'podman-service.log'}"
+        return (
+            subprocess.run(
+                ["docker", "version"], env=env, capture_output=True, check=False, timeout=30
+            ).returncode
+            == 0
+        )
+
+    try:
+        wait_until("podman's Docker API to answer `docker version`", answers, timeout=60)
+        yield env
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        sock.unlink(missing_ok=True)

@@ -1,0 +1,99 @@
+"""Helpers of the image tier: paths, a bounded wait, timing records, running commands, building images."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STATE = REPO / "build" / "containers"
+WORK = REPO / "build" / "images-test"
+EXTRA_CA_DIR = Path("/usr/local/share/ca-certificates")
+REGISTRY_ADDR = (
+    "127.0.0.1",
+    5000,
+)  # marked insecure (plain HTTP) in the registries.conf of daemonless-env.sh
+TOOLS = ("buildah", "podman", "skopeo", "runc", "docker-registry", "debootstrap", "shellcheck")
+IMAGE_NAME = "localhost/sagemaker-horovod-test"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def wait_until(what: str, probe: Callable[[], bool], timeout: float, first_delay: float = 0.05) -> None:
+    """Poll `probe` with exponential backoff until true; fail after `timeout` seconds saying what for."""
+    deadline = time.monotonic() + timeout
+    delay = first_delay
+    while not probe():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+def record_timing(event: str, seconds: float, **extra: object) -> None:
+    WORK.mkdir(parents=True, exist_ok=True)
+    entry = {
+        "event": event,
+        "seconds": round(seconds, 1),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    entry.update(extra)
+    with (WORK / "timings.jsonl").open("a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def run(
+    cmd: list[str], env: dict[str, str], timeout: float, log: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `cmd`; on failure show its output (or the log's tail) in the assertion message."""
+    if log is None:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        detail = proc.stdout[-3000:] + proc.stderr[-3000:]
+    else:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as f:
+            proc = subprocess.run(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=f, text=True, timeout=timeout, check=False
+            )
+        detail = f"(log {log})\n" + log.read_text()[-4000:]
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{detail}"
+    return proc
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    immutable: str  # NAME:FLAVOR-GITSHA
+    moving: str  # NAME:FLAVOR
+    image_id: str
+    seconds: float
+
+
+def build_image(
+    flavor: str,
+    base: str,
+    env: dict[str, str],
+    engine: str = "buildah",
+    name: str = IMAGE_NAME,
+    timeout: float = 3600,
+) -> BuiltImage:
+    cmd = ["bash", str(REPO / "bin" / "build.sh"), "--engine", engine, "--name", name, "--base-image", base]
+    # This machine's HTTPS proxy CA (absent on most machines): passed the way a corporate-proxy user would.
+    if any(EXTRA_CA_DIR.glob("*.crt")):
+        cmd += ["--extra-ca", str(EXTRA_CA_DIR)]
+    start = time.monotonic()
+    proc = run([*cmd, flavor], env, timeout, WORK / f"build-{flavor}-{engine}.log")
+    seconds = time.monotonic() - start
+    refs = proc.stdout.split()
+    assert len(refs) == 2, f"bin/build.sh should print two image references, printed {proc.stdout!r}"
+    record_timing(f"build-{flavor}-{engine}", seconds)
+    image_id = run(["podman", "image", "inspect", "--format", "{{.Id}}", refs[0]], env, 60).stdout.strip()
+    return BuiltImage(immutable=refs[0], moving=refs[1], image_id=image_id, seconds=seconds)

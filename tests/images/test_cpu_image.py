@@ -1,0 +1,375 @@
+"""The CPU image, built daemonless from a debootstrap base: what SageMaker and users rely on.
+
+`docker run IMAGE train` runs a 2-process Horovod job from a SageMaker /opt/ml tree; ssh between containers of
+the image is key-only; bin/push.sh pushes Docker v2 manifests to a registry that gives the same image back;
+bin/build.sh and bin/local-train.sh work through the docker CLI (against podman's API service).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .helpers import IMAGE_NAME, REPO, WORK, BuiltImage, build_image, record_timing, run
+
+pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(3600)]
+
+DOCKER_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+GB = 1000**3
+
+# A tiny Horovod Keras job: every rank checks the allreduce, records what it saw, rank 0 saves the model.
+TINY_JOB = """
+import argparse, json, os, socket
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, required=True)
+parser.add_argument("--units", type=int, required=True)
+args = parser.parse_args()
+hvd.init()
+tf.config.threading.set_inter_op_parallelism_threads(1)
+tf.config.threading.set_intra_op_parallelism_threads(1)
+data = np.load(os.path.join(os.environ["SM_CHANNEL_TRAIN"], "data.npz"))
+x, y = data["x"][hvd.rank()::hvd.size()], data["y"][hvd.rank()::hvd.size()]
+model = tf.keras.Sequential([tf.keras.layers.Dense(args.units, activation="relu"), tf.keras.layers.Dense(1)])
+model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
+history = model.fit(x, y, batch_size=16, epochs=args.epochs, verbose=0,
+                    callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+total = float(hvd.allreduce(tf.constant(float(hvd.rank())), op=hvd.Sum))
+out = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], f"rank-{hvd.rank()}.json")
+with open(out, "w") as f:
+    json.dump({"rank": hvd.rank(), "size": hvd.size(), "sum_of_ranks": total,
+               "epochs": len(history.history["loss"]), "host": os.environ["SM_CURRENT_HOST"]}, f)
+if hvd.rank() == 0:
+    model.save(os.path.join(os.environ["SM_MODEL_DIR"], "tiny.keras"))
+"""
+
+
+def podman(env: dict[str, str], *args: str, timeout: float = 600) -> str:
+    return run(["podman", *args], env, timeout).stdout
+
+
+def write_tiny_job(tmp: Path) -> tuple[Path, Path, Path]:
+    code = tmp / "code"
+    code.mkdir()
+    (code / "tiny_job.py").write_text(TINY_JOB)
+    data = tmp / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 4)).astype("float32")
+    np.savez(data / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
+    hps = tmp / "hyperparameters.json"
+    hps.write_text(json.dumps({"epochs": 2, "units": 8}))
+    return code, data, hps
+
+
+def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: dict[str, str]) -> None:
+    info = json.loads(podman(engine_env, "image", "inspect", cpu_image.immutable))[0]
+    assert info["Config"]["Cmd"] == ["train"]
+    assert not info["Config"].get("Entrypoint")
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert info["Labels"]["org.opencontainers.image.revision"] == commit
+    assert info["Labels"]["org.opencontainers.image.version"]
+    assert (
+        podman(engine_env, "image", "inspect", "--format", "{{.ManifestType}}", cpu_image.immutable).strip()
+        == DOCKER_V2
+    )
+    assert info["Size"] <= 2.5 * GB, f"CPU image is {info['Size'] / GB:.2f} GB, the target is <= 2.5 GB"
+    record_timing("size-cpu", 0, bytes=info["Size"])
+
+    probe = (
+        "set -e; command -v train; command -v smhvd-train; test -d /run/sshd; ls /opt/smhvd/scripts;"
+        " ls /etc/ssh/ssh_host_ed25519_key; passwd -S root; horovodrun --check-build; train --help"
+    )
+    out = podman(engine_env, "run", "--rm", "--network", "none", cpu_image.immutable, "bash", "-c", probe)
+    assert "/opt/venv/bin/train" in out
+    assert "mnist" in out
+    assert "root L " in out  # password locked
+    for built in ("TensorFlow", "MPI", "Gloo"):
+        assert f"[X] {built}" in out, out
+
+
+def test_ssh_between_containers_of_the_image_is_key_only(
+    cpu_image: BuiltImage, engine_env: dict[str, str]
+) -> None:
+    # Hosts running the same image share host keys and root key: a strict ssh client gets in without a
+    # prompt or StrictHostKeyChecking=no; a password never works.
+    script = (
+        "set -e; /usr/sbin/sshd -p 2222 -o UsePAM=no -o PidFile=/run/sshd-test.pid;"
+        " for i in $(seq 50); do [ -s /run/sshd-test.pid ] && break; sleep 0.1; done;"
+        " ssh -p 2222 -o BatchMode=yes -o StrictHostKeyChecking=yes algo-2 echo key-login-ok;"
+        " if ssh -p 2222 -o BatchMode=yes -o PubkeyAuthentication=no -o PreferredAuthentications=password"
+        "    algo-2 true 2>/dev/null; then echo password-login-accepted; else echo password-login-refused; fi"
+    )
+    out = podman(
+        engine_env,
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--add-host",
+        "algo-2:127.0.0.1",
+        cpu_image.immutable,
+        "bash",
+        "-c",
+        script,
+    )
+    assert "key-login-ok" in out
+    assert "password-login-refused" in out
+
+
+def test_train_runs_a_two_process_horovod_job(
+    cpu_image: BuiltImage, engine_env: dict[str, str], tmp_path: Path
+) -> None:
+    code, data, hps = write_tiny_job(tmp_path)
+    ml = tmp_path / "ml"
+    start = time.monotonic()
+    run(
+        [
+            "bash",
+            str(REPO / "bin" / "local-train.sh"),
+            "--engine",
+            "podman",
+            "--network",
+            "host",
+            "--hyperparameters",
+            str(hps),
+            "--source",
+            str(code),
+            "--entry-point",
+            "tiny_job.py",
+            "--channel",
+            f"train={data}",
+            "--processes-per-host",
+            "2",
+            "--work",
+            str(ml),
+            cpu_image.immutable,
+        ],
+        engine_env,
+        900,
+        WORK / "local-train-podman.log",
+    )
+    record_timing("train-2proc-podman", time.monotonic() - start)
+
+    ranks = [json.loads((ml / "output" / "data" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["size"] for r in ranks] == [2, 2]
+    assert [r["sum_of_ranks"] for r in ranks] == [1.0, 1.0]
+    assert [r["epochs"] for r in ranks] == [2, 2]  # the hyperparameter reached the script as --epochs 2
+    assert {r["host"] for r in ranks} == {"algo-1"}
+    assert (ml / "model" / "tiny.keras").stat().st_size > 0
+    assert not (ml / "output" / "failure").exists()
+    hp_json = json.loads((ml / "input" / "config" / "hyperparameters.json").read_text())
+    assert hp_json["epochs"] == "2"
+    assert hp_json["sagemaker_program"] == '"tiny_job.py"'
+
+
+def test_push_to_local_registry_and_pull_back(
+    cpu_image: BuiltImage, registry: str, engine_env: dict[str, str], tmp_path: Path
+) -> None:
+    start = time.monotonic()
+    proc = run(
+        [
+            "bash",
+            str(REPO / "bin" / "push.sh"),
+            "--engine",
+            "podman",
+            "--registry",
+            registry,
+            "--repository",
+            "smhvd/train",
+            cpu_image.immutable,
+        ],
+        engine_env,
+        1800,
+        WORK / "push-podman.log",
+    )
+    record_timing("push-cpu-podman", time.monotonic() - start)
+    tag = cpu_image.immutable.rsplit(":", 1)[1]
+    uri = f"{registry}/smhvd/train:{tag}"
+    assert proc.stdout.split() == [uri]
+
+    manifest = json.loads(run(["skopeo", "inspect", "--raw", f"docker://{uri}"], engine_env, 120).stdout)
+    assert (
+        manifest["mediaType"] == DOCKER_V2
+    )  # a single-image Docker v2 manifest: no OCI index, no attestation
+    compressed = sum(layer["size"] for layer in manifest["layers"])
+    record_timing("size-cpu-compressed", 0, bytes=compressed)
+
+    # Pull every blob back (digests verified by skopeo) and compare the image config with the local image.
+    start = time.monotonic()
+    run(["skopeo", "copy", "--quiet", f"docker://{uri}", f"dir:{tmp_path / 'pulled'}"], engine_env, 1800)
+    record_timing("pull-cpu-skopeo", time.monotonic() - start)
+    local_id = podman(engine_env, "image", "inspect", "--format", "{{.Id}}", cpu_image.immutable).strip()
+    assert manifest["config"]["digest"] == f"sha256:{local_id}"
+    assert (tmp_path / "pulled" / local_id).is_file()
+
+
+FAKE_AWS = r"""#!/usr/bin/env bash
+# FAKE aws CLI for the ECR-only branches of bin/push.sh (no ECR API is reachable here). Records its arguments.
+echo "$*" >> "$FAKE_AWS_LOG"
+case "$1 $2" in
+  "sts get-caller-identity") echo 123456789012 ;;
+  "ecr describe-repositories")
+    [ -e "$FAKE_AWS_STATE/repository" ] || { echo "RepositoryNotFoundException" >&2; exit 254; } ;;
+  "ecr create-repository") touch "$FAKE_AWS_STATE/repository" ;;
+  "ecr get-login-password") echo fake-ecr-password ;;
+  "configure get") echo us-east-1 ;;
+  *) echo "fake aws: unexpected call: $*" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_push_ecr_branches_with_a_fake_aws_cli(
+    cpu_image: BuiltImage, registry: str, engine_env: dict[str, str], tmp_path: Path
+) -> None:
+    # The AWS API is faked (nothing else can answer here); the login and the push are real, against the local
+    # registry standing in for an ECR endpoint (--ecr).
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    (bin_dir / "aws").write_text(FAKE_AWS)
+    (bin_dir / "aws").chmod(0o755)
+    env = dict(
+        engine_env,
+        PATH=f"{bin_dir}:{engine_env['PATH']}",
+        FAKE_AWS_LOG=str(tmp_path / "aws.log"),
+        FAKE_AWS_STATE=str(tmp_path),
+        REGISTRY_AUTH_FILE=str(tmp_path / "auth.json"),
+    )
+    env.pop("AWS_REGION", None)
+    env.pop("AWS_DEFAULT_REGION", None)
+    env.pop("AWS_ACCOUNT_ID", None)
+    cmd = [
+        "bash",
+        str(REPO / "bin" / "push.sh"),
+        "--engine",
+        "podman",
+        "--registry",
+        registry,
+        "--ecr",
+        "--repository",
+        "smhvd/ecr-test",
+        cpu_image.immutable,
+    ]
+    for _ in range(2):  # idempotent: the second run finds the repository
+        run(cmd, env, 1800, WORK / "push-ecr-fake.log")
+    calls = (tmp_path / "aws.log").read_text().splitlines()
+    assert sum(c.startswith("ecr create-repository") for c in calls) == 1, calls
+    assert sum(c.startswith("ecr get-login-password") for c in calls) == 2, calls
+    assert any("--repository-name smhvd/ecr-test" in c for c in calls)
+    auth = json.loads((tmp_path / "auth.json").read_text())["auths"][registry]["auth"]
+    assert base64.b64decode(auth).decode() == "AWS:fake-ecr-password"
+
+
+def test_docker_cli_builds_and_runs_through_podman_service(
+    cpu_image: BuiltImage, base_image: str, docker_env: dict[str, str], tmp_path: Path
+) -> None:
+    # Same Dockerfile and build arguments through the docker CLI: every expensive layer comes from the cache.
+    again = build_image("cpu", base_image, docker_env, engine="docker", name=IMAGE_NAME + "-docker")
+    before = json.loads(run(["podman", "image", "inspect", cpu_image.image_id], docker_env, 60).stdout)[0]
+    after = json.loads(run(["podman", "image", "inspect", again.image_id], docker_env, 60).stdout)[0]
+    assert len(before["RootFS"]["Layers"]) >= 5
+    # The runtime and venv layers are shared; only the launcher layers may differ.
+    assert before["RootFS"]["Layers"][:-2] == after["RootFS"]["Layers"][:-2]
+    assert after["Config"]["Cmd"] == ["train"]
+
+    # A failing job through the docker CLI: non-zero exit, the script's error in output/failure.
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "fail.py").write_text(
+        "import sys\nprint('no such dataset: /data/x', file=sys.stderr)\nsys.exit(3)\n"
+    )
+    ml = tmp_path / "ml"
+    proc = subprocess.run(
+        [
+            "bash",
+            str(REPO / "bin" / "local-train.sh"),
+            "--engine",
+            "docker",
+            "--network",
+            "host",
+            "--source",
+            str(code),
+            "--entry-point",
+            "fail.py",
+            "--work",
+            str(ml),
+            again.moving,
+        ],
+        env=docker_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode != 0, proc.stderr
+    failure = (ml / "output" / "failure").read_text()
+    assert "no such dataset: /data/x" in failure
+    assert "the job failed" in proc.stderr
+
+
+def test_rebuild_after_a_src_change_reuses_the_venv(
+    cpu_image: BuiltImage, base_image: str, engine_env: dict[str, str], tmp_path: Path
+) -> None:
+    # A copy of the build context with one new launcher module: only the last stage's launcher layers rebuild.
+    ctx = tmp_path / "ctx"
+    for name in ("docker", "requirements", "src", "bin"):
+        shutil.copytree(REPO / name, ctx / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md", "LICENSE", ".dockerignore"):
+        shutil.copy2(REPO / name, ctx / name)
+    (ctx / "src" / "smhvd" / "rebuild_probe.py").write_text("MARK = 'rebuilt'\n")
+    start = time.monotonic()
+    cmd = [
+        "bash",
+        str(ctx / "bin" / "build.sh"),
+        "--engine",
+        "buildah",
+        "--name",
+        IMAGE_NAME + "-rebuild",
+        "--base-image",
+        base_image,
+    ]
+    if any(Path("/usr/local/share/ca-certificates").glob("*.crt")):
+        cmd += ["--extra-ca", "/usr/local/share/ca-certificates"]
+    proc = run([*cmd, "cpu"], engine_env, 1800, WORK / "rebuild-src-change.log")
+    seconds = time.monotonic() - start
+    record_timing("rebuild-cpu-after-src-change", seconds)
+    ref = proc.stdout.split()[1]
+    try:
+        out = podman(
+            engine_env,
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            ref,
+            "python",
+            "-c",
+            "import smhvd.rebuild_probe as p; print(p.MARK)",
+        )
+        assert out.strip() == "rebuilt"
+        before = json.loads(podman(engine_env, "image", "inspect", cpu_image.immutable))[0]["RootFS"][
+            "Layers"
+        ]
+        after = json.loads(podman(engine_env, "image", "inspect", ref))[0]["RootFS"]["Layers"]
+        assert before[:-2] == after[:-2], "a src/ change rebuilt more than the launcher layers"
+        assert before[-2:] != after[-2:]
+    finally:
+        subprocess.run(
+            ["podman", "rmi", "--force", *proc.stdout.split()],
+            env=engine_env,
+            capture_output=True,
+            check=False,
+            timeout=120,
+        )
