@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # modules next to this script, whatever the working directory
+if str(HERE) not in sys.path:  # the mrcnn package next to this script, whatever the working directory
     sys.path.insert(0, str(HERE))
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ warnings drown the training log
@@ -35,9 +35,9 @@ import tensorflow as tf  # noqa: E402
 
 tf1 = tf.compat.v1
 
-import dist  # noqa: E402
-from config import Config, ConfigError, build_config, scaled_schedule, to_dict  # noqa: E402
-from data import DataError  # noqa: E402
+from mrcnn import dist  # noqa: E402
+from mrcnn.config import Config, ConfigError, build_config, scaled_schedule, to_dict  # noqa: E402
+from mrcnn.data import DataError  # noqa: E402
 
 MODEL_FILE = "model.npz"
 VAL_CHANNELS = ("val", "validation", "test")
@@ -195,8 +195,8 @@ def train(cfg: Config, paths: Paths, world: dist.World) -> str:
     from tensorpack.train import HorovodTrainer, SimpleTrainer
     from tensorpack.utils import logger
 
-    import data
-    from model import MaskRCNN
+    from mrcnn import data
+    from mrcnn.model import MaskRCNN
 
     if paths.train is None:
         raise UsageError("no training data: give --train-dir or --data-dir, or a 'train' channel")
@@ -257,9 +257,9 @@ def evaluate(cfg: Config, paths: Paths, world: dist.World, weights: Path) -> dic
     from tensorpack.tfutils.sessinit import SmartInit
     from tensorpack.utils import logger
 
-    import data
-    from evaluation import coco_evaluate, predict_image
-    from model import OUTPUT_NAMES, MaskRCNN
+    from mrcnn import data
+    from mrcnn.evaluation import coco_evaluate, predict_image
+    from mrcnn.model import OUTPUT_NAMES, MaskRCNN
 
     if paths.val is None:
         if world.is_chief:
@@ -307,6 +307,11 @@ def run(a: argparse.Namespace) -> int:
     cfg = build_config(a.preset, parse_overrides(a.config))
     paths = resolve_paths(a)
     do_eval, eval_only = _bool("eval", a.eval), _bool("eval-only", a.eval_only)
+    if not eval_only and (paths.train is None or not paths.train.is_dir()):
+        raise UsageError(
+            f"training data directory {paths.train} does not exist" if paths.train else
+            "no training data: give --train-dir or --data-dir, or a 'train' channel"
+        )  # fmt: skip
     world = dist.init_world()
     if world.is_chief:
         paths.checkpoints.mkdir(parents=True, exist_ok=True)

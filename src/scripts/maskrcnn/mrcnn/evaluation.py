@@ -14,9 +14,9 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-import boxes as B
-from config import Config
-from data import read_image, resize, resize_scale
+from . import boxes as B
+from .config import Config
+from .data import read_image, resize, resize_scale
 
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 

@@ -14,8 +14,8 @@ import numpy as np
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
-import boxes as B
-from config import Config
+from . import boxes as B
+from .config import Config
 
 PIXEL_MEAN_RGB = np.array([123.675, 116.28, 103.53], np.float32)
 PIXEL_STD_RGB = np.array([58.395, 57.12, 57.375], np.float32)

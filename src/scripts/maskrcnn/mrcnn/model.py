@@ -20,9 +20,9 @@ from tensorpack.tfutils.summary import add_moving_summary
 from tensorpack.tfutils.tower import get_current_tower_context
 from tensorpack.tfutils.varreplace import freeze_variables
 
-import boxes as B
-from config import Config, Schedule
-from data import PIXEL_MEAN_RGB, PIXEL_STD_RGB
+from . import boxes as B
+from .config import Config, Schedule
+from .data import PIXEL_MEAN_RGB, PIXEL_STD_RGB
 
 tf1 = tf.compat.v1
 CONV_INIT = tf1.variance_scaling_initializer(scale=2.0, mode="fan_out", distribution="untruncated_normal")

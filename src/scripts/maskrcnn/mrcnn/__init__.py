@@ -1,0 +1,1 @@
+"""Mask R-CNN (ResNet-FPN) on tensorpack: the modules behind train_maskrcnn.py."""

@@ -1,0 +1,52 @@
+"""Fixtures for the Mask R-CNN reference script: its package on sys.path, synthetic data, running it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT_DIR = REPO / "src" / "scripts" / "maskrcnn"
+SCRIPT = SCRIPT_DIR / "train_maskrcnn.py"
+if str(SCRIPT_DIR) not in sys.path:
+    sys.path.insert(0, str(SCRIPT_DIR))
+
+from make_shapes import generate  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir with train/ (24 images) and val/ (6 images) synthetic COCO shapes."""
+    root = tmp_path_factory.mktemp("shapes")
+    generate(root / "train", 24, size=128, seed=1)
+    generate(root / "val", 6, size=128, seed=2)
+    return root
+
+
+def mpirun_argv(np_: int) -> list[str]:
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise RuntimeError("mpirun not found: run `make setup` (installs Open MPI)")
+    return [
+        mpirun, "--allow-run-as-root", "-np", str(np_), "--bind-to", "none",
+        "--mca", "mpi_yield_when_idle", "1", "-x", "OMP_NUM_THREADS=1", "-x", "SAGEMAKER_BASE_DIR",
+        "-x", "PATH",
+    ]  # fmt: skip
+
+
+def run_script(
+    args: list[str], base: Path, np_: int = 1, timeout: float = 420
+) -> subprocess.CompletedProcess[str]:
+    """The training script as `np_` MPI ranks (or one plain process) with SAGEMAKER_BASE_DIR=base."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "OMPI_", "PMI_"))}
+    env["SAGEMAKER_BASE_DIR"] = str(base)
+    prefix = mpirun_argv(np_) if np_ > 1 else []
+    return subprocess.run(
+        [*prefix, sys.executable, str(SCRIPT), *args],
+        env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
