@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import statistics
 import tempfile
 from pathlib import Path
@@ -59,24 +60,33 @@ VARIANTS: dict[str, dict[str, str]] = {
         "sagemaker_mpi_custom_mpi_options": json.dumps("--mca mpi_yield_when_idle 1")
     },
     "+ btl_tcp_links 4": {"sagemaker_mpi_custom_mpi_options": json.dumps("--mca btl_tcp_links 4")},
+    "+ btl_tcp_max_send_size 1 MiB": {
+        "sagemaker_mpi_custom_mpi_options": json.dumps("--mca btl_tcp_max_send_size 1048576")
+    },
+    "+ yield, btl_tcp_links 4": {
+        "sagemaker_mpi_custom_mpi_options": json.dumps("--mca mpi_yield_when_idle 1 --mca btl_tcp_links 4")
+    },
     "+ horovod_fusion_threshold_mb 128": {"horovod_fusion_threshold_mb": "128"},
     "+ horovod_cycle_time_ms 1": {"horovod_cycle_time_ms": "1"},
 }
 
 
 def iperf_gbits(cluster: Cluster, seconds: int) -> float:
-    """Single-stream TCP bandwidth algo-1 -> algo-2 in Gbit/s (iperf3 server on algo-2 for one test)."""
-    server = cluster.start(
-        "algo-2", ["iperf3", "-s", "-1"], log=cluster.host_dir("algo-2") / "iperf3-server.log"
-    )
-
-    def client() -> dict[str, object] | None:
+    """Single-stream TCP bandwidth algo-1 -> algo-2 in Gbit/s (iperf3 server on algo-2 while it runs)."""
+    server = cluster.start("algo-2", ["iperf3", "-s"], log=cluster.host_dir("algo-2") / "iperf3-server.log")
+    try:
+        wait_for(
+            lambda: True if ":5201" in cluster.exec("algo-2", ["ss", "-Hltn"])[1] else None,
+            "the iperf3 server on algo-2 to listen",
+            30,
+        )
         code, out = cluster.exec("algo-1", ["iperf3", "-c", "algo-2", "-t", str(seconds), "-J"], timeout=60)
-        return json.loads(out) if code == 0 else None
-
-    report = wait_for(client, "iperf3 between algo-1 and algo-2", 30)
-    server.wait(30)
-    return float(report["end"]["sum_received"]["bits_per_second"]) / 1e9  # type: ignore[index]
+        if code != 0:
+            raise ClusterError(f"iperf3 client failed with exit {code}: {out[-300:]}")
+        return float(json.loads(out)["end"]["sum_received"]["bits_per_second"]) / 1e9
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
 
 
 def allreduce(cluster: Cluster, extra: dict[str, str], timeout: float) -> dict[str, float]:

@@ -63,8 +63,14 @@ def rank_times(cluster: Cluster) -> list[dict[str, float]]:
 
 
 def failure_text(cluster: Cluster) -> str:
-    path = cluster.ml_dir(cluster.leader) / "output" / "failure"
-    return path.read_text() if path.exists() else ""
+    """The first line of every host's failure file, as 'host: line' (the toolkit's leader is not ours)."""
+    found = []
+    for host in cluster.spec.host_names:
+        path = cluster.ml_dir(host) / "output" / "failure"
+        if path.exists():
+            first = (path.read_text().strip().splitlines() or ["(empty)"])[0]
+            found.append(f"{host}: {first}")
+    return "; ".join(found)
 
 
 def table(rows: list[list[str]]) -> str:

@@ -88,7 +88,7 @@ def measure(
         first_rank_s=None if first_rank is None else first_rank - started,
         end_to_last_exit_s=None if job_end is None else last_exit - job_end,
         exits=exits,
-        failure=(failure_text(cluster).strip().splitlines() or ["(no failure file)"])[0][:90],
+        failure=failure_text(cluster)[:100] or "(no failure file)",
     )
 
 

@@ -1,10 +1,22 @@
-# Simulated multi-host cluster (root, network namespaces): demo and benchmarks. See src/smhvd/cluster/.
-.PHONY: cluster-demo bench-cluster bench-allreduce bench-scaling cluster-cleanup
+# Simulated multi-host cluster (root, network namespaces): demo and benchmarks. Code: src/smhvd/cluster/.
+.PHONY: cluster-demo cluster-cleanup bench-cluster bench-allreduce bench-scaling cluster-iperf3
 
 CLUSTER_DEMO_ARGS ?=
 
 cluster-demo: setup ## MNIST through `train` on 2 simulated hosts x 1 process; prints accuracy and each host's exit
 	$(PY) -m smhvd.cluster.demo --code $(REPO)/src/scripts/mnist --hosts 2 $(CLUSTER_DEMO_ARGS)
 
-cluster-cleanup: ## remove bridges/links left by a cluster tool that was SIGKILLed
+cluster-cleanup: ## remove bridges and links left by a cluster tool that was SIGKILLed
 	$(PY) -m smhvd.cluster cleanup
+
+cluster-iperf3:
+	@command -v iperf3 >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends iperf3; }
+
+bench-cluster: setup ## ours vs the sagemaker-training toolkit's MPI runner on 2 simulated hosts (~5 min)
+	$(PY) benchmarks/cluster_vs_toolkit.py
+
+bench-allreduce: setup cluster-iperf3 ## Horovod 64 MiB allreduce bus bandwidth vs iperf3 across 2 simulated hosts
+	$(PY) benchmarks/allreduce_vs_iperf.py
+
+bench-scaling: setup ## MNIST images/s at np=1, np=2 and 2 simulated hosts x 1, launcher defaults
+	$(PY) benchmarks/scaling_mnist.py
