@@ -93,7 +93,8 @@ class Cluster:
             self._allocate()
             self._prepare_files()
             for address in self.addresses:
-                self.hosts[address.name] = SimHost.start(address, self._layout(address.name))
+                layout_file = self.host_dir(address.name) / "hostinit.json"
+                self.hosts[address.name] = SimHost.start(address, self._layout(address.name), layout_file)
             self._net_namespaces = [ns for host in self.hosts.values() if (ns := host.net_namespace)]
             run(["ip", "link", "add", self.bridge, "type", "bridge"])
             run(["ip", "link", "set", self.bridge, "up"])

@@ -46,8 +46,9 @@ class HostLayout:
         )
 
 
-def unshare_argv(layout: HostLayout, python: str = sys.executable) -> list[str]:
-    """The command that creates the host's namespaces and runs its PID 1 (killed if unshare dies)."""
+def unshare_argv(config_file: Path, python: str = sys.executable) -> list[str]:
+    """The command that creates the host's namespaces and runs its PID 1 (killed if unshare dies) with
+    its layout read from ``config_file``."""
     return [
         "unshare",
         *NAMESPACES,
@@ -60,7 +61,7 @@ def unshare_argv(layout: HostLayout, python: str = sys.executable) -> list[str]:
         python,
         "-I",
         str(HOSTINIT),
-        layout.to_json(),
+        str(config_file),
     ]
 
 
@@ -93,10 +94,12 @@ class SimHost:
         self.net_namespace = procfs.namespace_id(init_pid, "net")
 
     @classmethod
-    def start(cls, address: HostAddress, layout: HostLayout) -> SimHost:
-        """Start the host's namespaces and wait until its PID 1 has prepared them."""
+    def start(cls, address: HostAddress, layout: HostLayout, config_file: Path) -> SimHost:
+        """Start the host's namespaces and wait until its PID 1 has prepared them (``layout`` is written
+        to ``config_file`` for it)."""
+        config_file.write_text(layout.to_json())
         anchor = subprocess.Popen(
-            unshare_argv(layout),
+            unshare_argv(config_file),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -1,11 +1,11 @@
 """PID 1 of one simulated host: prepares the host's mount and UTS namespaces, then reaps orphans.
 
-Run by ``unshare`` inside the host's new namespaces as ``python -I hostinit.py CONFIG_JSON``; it imports
+Run by ``unshare`` inside the host's new namespaces as ``python -I hostinit.py CONFIG_FILE``; it imports
 nothing from the project. It prints READY once the host is prepared and then lives until its stdin closes
 (the cluster tool exited, however it died) or it gets SIGTERM/SIGINT/SIGHUP. When it exits, the kernel
 kills every process in the host's PID namespace, which is how a host is torn down.
 
-CONFIG_JSON: {"hostname": str, "binds": [[src, dst], ...], "tmpfs": [[dst, mode], ...],
+CONFIG_FILE holds JSON: {"hostname": str, "binds": [[src, dst], ...], "tmpfs": [[dst, mode], ...],
 "dirs": [[path, mode], ...]}: bind mounts first (their sources may live under a path a tmpfs hides next),
 then tmpfs mounts, then directories created on them (/run/sshd).
 """
@@ -56,7 +56,7 @@ def _stop(_signum: int, _frame: FrameType | None) -> None:
 
 def main() -> int:
     try:
-        prepare(json.loads(sys.argv[1]))
+        prepare(json.loads(Path(sys.argv[1]).read_text()))
     except (OSError, KeyError, ValueError, IndexError) as exc:
         print(f"host setup failed: {exc}", file=sys.stderr, flush=True)
         return 1
