@@ -1,0 +1,19 @@
+# Reference script: Mask R-CNN (ResNet-FPN) on tensorpack with Horovod (src/scripts/maskrcnn/), tests, benchmark.
+#   make maskrcnn-demo MASKRCNN_DEMO_ARGS='--fresh --config "total_steps=600"'
+.PHONY: maskrcnn-demo maskrcnn-shapes test-maskrcnn bench-maskrcnn
+
+MASKRCNN_DEMO_ARGS ?= --fresh
+MASKRCNN_BENCH_ARGS ?=
+
+maskrcnn-demo: setup ## tiny Mask R-CNN on synthetic shapes through `train` (2 processes), then COCOeval (~3-6 min)
+	$(PY) benchmarks/maskrcnn_demo.py $(MASKRCNN_DEMO_ARGS)
+
+maskrcnn-shapes: setup ## synthetic COCO shapes in build/shapes/{train,val} (for your own runs)
+	$(PY) src/scripts/maskrcnn/make_shapes.py --out build/shapes/train --n 64 --seed 1
+	$(PY) src/scripts/maskrcnn/make_shapes.py --out build/shapes/val --n 16 --seed 2
+
+test-maskrcnn: setup ## the Mask R-CNN tests only (unit ~1 min; integration at np=2 ~3-5 min on 2 loaded cores)
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests/maskrcnn
+
+bench-maskrcnn: setup ## CPU s/step (tiny, coco) and an overfit run to bbox AP >= 0.5 on shapes (~15 min)
+	$(PY) benchmarks/maskrcnn_bench.py $(MASKRCNN_BENCH_ARGS)

@@ -1,0 +1,57 @@
+"""Configuration parsing and the script's answers to bad input (in-process, no training)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import train_maskrcnn
+from mrcnn.config import ConfigError, build_config, scaled_schedule
+
+
+def test_preset_and_overrides() -> None:
+    cfg = build_config("tiny", ["total_steps=7", "anchor_sizes=8,16,32,64,128", "flip=false", "norm=None"])
+    assert (cfg.total_steps, cfg.anchor_sizes, cfg.flip, cfg.norm) == (7, (8, 16, 32, 64, 128), False, "None")
+    assert build_config("coco", []).resnet_blocks == (3, 4, 6, 3)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("nope=1", "unknown config key 'nope'"),
+        ("total_steps=many", "config key 'total_steps': cannot parse 'many' as int"),
+        ("norm=BN", "config key 'norm'"),
+        ("total_steps", "expected KEY=VALUE"),
+        ("resnet_blocks=3,4", "config key 'resnet_blocks'"),
+    ],
+)
+def test_bad_overrides_name_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_config("tiny", [override])
+
+
+def test_schedule_follows_the_linear_scaling_rule() -> None:
+    cfg = build_config("coco", [])
+    s = scaled_schedule(cfg, 32)  # 4 hosts x 8 GPUs
+    assert s.lr == pytest.approx(0.04)
+    assert (s.warmup_steps, s.decay_steps, s.total_steps) == (500, (30000, 40000), 45000)
+
+
+def test_script_rejects_bad_input_with_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(tmp_path / "ml"))
+    for name in ("SM_CHANNEL_TRAIN", "SM_CHANNEL_VAL", "SM_CHANNEL_PRETRAINED"):
+        monkeypatch.delenv(name, raising=False)
+    cases = [
+        (["--preset", "huge"], "unknown preset 'huge'"),
+        (["--preset", "tiny", "--config", "total_steps=2 bogus=1"], "unknown config key 'bogus'"),
+        (["--preset", "tiny", "--train-dir", str(tmp_path / "missing")], "does not exist"),
+        (["--preset", "tiny"], "no training data"),
+        (["--preset", "tiny", "--data-dir", str(tmp_path), "--pretrained", str(tmp_path / "w.npz")],
+         "pretrained weights"),
+        (["--preset", "tiny", "--data-dir", str(tmp_path), "--eval", "maybe"], "--eval: expected true or false"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        assert train_maskrcnn.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, (argv, err)
+    assert not (tmp_path / "ml").exists()  # nothing half-done
