@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     speed = [e["train/sec_per_step"] for e in stats if "train/sec_per_step" in e]
     print(
         f"maskrcnn-demo: {stats[-1]['global_step']} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-        f"{min(speed):.3f} s/step; COCO bbox AP {metrics['bbox']['AP']:.3f} (AP50 {metrics['bbox']['AP50']:.3f}), "
+        f"{min(speed):.3f} s/step; COCO bbox AP {metrics['bbox']['AP']:.3f} "
+        f"(AP50 {metrics['bbox']['AP50']:.3f}), "
         f"segm AP {metrics['segm']['AP']:.3f} (AP50 {metrics['segm']['AP50']:.3f}) on {metrics['images']} "
         f"val images; job {elapsed:.0f} s; model {paths.model_dir / 'model.npz'}"
     )

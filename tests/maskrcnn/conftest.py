@@ -50,3 +50,11 @@ def run_script(
         [*prefix, sys.executable, str(SCRIPT), *args],
         env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
+
+
+def run_train(base: Path, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+    """The project's `train` launcher on the /opt/ml tree at `base`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "OMPI_", "PMI_"))}
+    env["SAGEMAKER_BASE_DIR"] = str(base)
+    train = Path(sys.executable).parent / "train"
+    return subprocess.run([str(train)], env=env, capture_output=True, text=True, timeout=timeout, check=False)

@@ -62,7 +62,9 @@ def test_iou_matches_brute_force_numpy_and_tf() -> None:
     expected = np.array([[brute_iou(x, y) for y in b] for x in a])
     assert expected.max() > 0.3 and expected.min() == 0.0  # the sample has overlaps and disjoint pairs
     np.testing.assert_allclose(B.np_iou(a, b), expected, atol=1e-6)
-    np.testing.assert_allclose(run_graph(lambda: B.tf_iou(tf.constant(a), tf.constant(b))), expected, atol=1e-5)
+    np.testing.assert_allclose(
+        run_graph(lambda: B.tf_iou(tf.constant(a), tf.constant(b))), expected, atol=1e-5
+    )
     assert B.np_iou(a[:1], a[:1])[0, 0] == pytest.approx(1.0)
 
 
@@ -80,7 +82,9 @@ def test_anchors_cover_every_level_cell_with_the_configured_shapes() -> None:
     np.testing.assert_allclose(h / w, ratios, rtol=1e-5)
     # Last level (stride 64, size 256).
     last = anchors[-3:]
-    np.testing.assert_allclose(np.sqrt((last[:, 2] - last[:, 0]) * (last[:, 3] - last[:, 1])), 256.0, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.sqrt((last[:, 2] - last[:, 0]) * (last[:, 3] - last[:, 1])), 256.0, rtol=1e-5
+    )
     np.testing.assert_allclose((last[:, :2] + last[:, 2:]) / 2, [[96.0, 96.0]] * 3)
 
 
@@ -89,7 +93,10 @@ def test_graph_anchors_equal_numpy_anchors() -> None:
     shapes = B.level_shapes(160, 224)
     tf_anchors = run_graph(
         lambda: tf.concat(
-            [B.tf_level_anchors(tf.constant(s), st, sz, ratios) for s, st, sz in zip(shapes, B.FPN_STRIDES, sizes)],
+            [
+                B.tf_level_anchors(tf.constant(s), st, sz, ratios)
+                for s, st, sz in zip(shapes, B.FPN_STRIDES, sizes, strict=False)
+            ],
             0,
         )
     )
@@ -116,7 +123,7 @@ def test_reference_nms_keeps_the_best_of_each_overlapping_group() -> None:
     scores = np.array([0.9, 0.95, 0.5, 0.1], np.float32)
     assert B.np_nms(boxes, scores, 0.5) == [1, 2]
     assert B.np_nms(boxes, scores, 0.99) == [1, 0, 2, 3]
-    # Brute-force property: kept boxes pairwise below the threshold, every dropped one overlaps a better kept one.
+    # Brute force: kept boxes pairwise below the threshold, every dropped one overlaps a better kept one.
     rng = np.random.default_rng(3)
     bx, sc = random_boxes(rng, 60, 100), rng.random(60).astype(np.float32)
     keep = B.np_nms(bx, sc, 0.4)

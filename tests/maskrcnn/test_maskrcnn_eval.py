@@ -17,7 +17,9 @@ def predictions_from_ground_truth(ds, shift: float = 0.0, drop_masks: bool = Fal
         masks = np.stack([ds.coco.annToMask(a) for a in anns])
         if drop_masks:
             masks = np.zeros_like(masks)
-        boxes = rec.boxes + np.array([shift, 0, shift, 0], np.float32) * (rec.boxes[:, 2:3] - rec.boxes[:, 0:1])
+        boxes = rec.boxes + np.array([shift, 0, shift, 0], np.float32) * (
+            rec.boxes[:, 2:3] - rec.boxes[:, 0:1]
+        )
         results += coco_results(rec.image_id, boxes, np.ones(len(boxes)), rec.classes, masks, ds.category_ids)
     return results
 

@@ -49,7 +49,9 @@ def test_roi_align_matches_the_numpy_definition() -> None:
     feat = rng.normal(size=(20, 24, 3)).astype(np.float32)
     stride = 8
     # ROIs (image coordinates) whose samples stay inside the map, including sub-pixel and tiny ones.
-    rois = np.array([[16, 16, 120, 96], [40.5, 30.25, 60.75, 50.5], [100, 20, 101, 21], [9, 9, 180, 150]], np.float32)
+    rois = np.array(
+        [[16, 16, 120, 96], [40.5, 30.25, 60.75, 50.5], [100, 20, 101, 21], [9, 9, 180, 150]], np.float32
+    )
     got = run_graph(lambda: roi_align(tf.constant(feat[None]), tf.constant(rois), stride, 7))
     assert got.shape == (4, 7, 7, 3)
     for k, roi in enumerate(rois):

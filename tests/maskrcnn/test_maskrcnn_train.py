@@ -1,5 +1,5 @@
-"""The tiny preset trains at np=2 under mpirun: finite decreasing loss, pretrained .npz loading, checkpoints,
-resume from them, export of the model and COCO evaluation."""
+"""The tiny preset trains at np=2 (under mpirun, then through `train`): finite decreasing loss, pretrained .npz
+loading, checkpoints, resume from them, export of the model and COCO evaluation."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import run_script
+from smhvd.mltree import write_ml_tree
+
+from .conftest import SCRIPT_DIR, run_script, run_train
 
 pytestmark = pytest.mark.integration
 
@@ -63,11 +65,22 @@ def test_pretrained_npz_is_loaded_and_the_model_exported(first_run) -> None:
     assert (base / "checkpoints" / "model-30.index").is_file()
 
 
-def test_resume_continues_from_the_checkpoint_and_evaluates(first_run, shapes: Path) -> None:
+def test_resume_through_train_continues_from_the_checkpoint_and_evaluates(first_run, shapes: Path) -> None:
+    """The second job goes through the `train` launcher (SageMaker hyperparameters and channels)."""
     base, pretrained = first_run
-    proc = run_script(
-        ["--preset", "tiny", "--data-dir", str(shapes), "--config", f"total_steps=40 {STEPS}"], base, np_=2
+    write_ml_tree(
+        base,
+        hyperparameters={
+            "sagemaker_program": "train_maskrcnn.py",
+            "sagemaker_submit_directory": str(SCRIPT_DIR),
+            "sagemaker_mpi_enabled": True,
+            "sagemaker_mpi_num_of_processes_per_host": 2,
+            "preset": "tiny",
+            "config": f"total_steps=40 {STEPS}",
+        },
+        channels={"train": shapes / "train", "val": shapes / "val"},
     )
+    proc = run_train(base)
     check(proc)
     log = proc.stdout + proc.stderr
     assert "resuming from" in log and "(step 30)" in log

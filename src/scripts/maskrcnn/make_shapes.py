@@ -27,7 +27,9 @@ def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> np.ndar
     return np.stack([cx + r * np.cos(t), cy + r * np.sin(t)], axis=1)
 
 
-def make_image(rng: np.random.Generator, size: int, max_shapes: int) -> tuple[np.ndarray, list[dict[str, Any]]]:
+def make_image(
+    rng: np.random.Generator, size: int, max_shapes: int
+) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """One image (BGR uint8) and its objects: category index and polygon [x0, y0, x1, y1, ...]."""
     img = np.empty((size, size, 3), np.uint8)
     img[:] = rng.integers(0, 90, size=3)

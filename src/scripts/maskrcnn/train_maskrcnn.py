@@ -74,8 +74,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--val-dir", type=Path, help="validation data (default: $SM_CHANNEL_VAL)")
     p.add_argument("--train-json", help="annotation file relative to the training dir (default: auto)")
     p.add_argument("--val-json", help="annotation file relative to the validation dir (default: auto)")
-    p.add_argument("--pretrained", type=Path, help="backbone .npz, or a dir with one (default: pretrained channel)")
-    p.add_argument("--checkpoint-dir", type=Path, help="default: $SAGEMAKER_BASE_DIR/checkpoints")
+    p.add_argument(
+        "--pretrained", type=Path, help="backbone .npz, or a dir with one (default: pretrained channel)"
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        help="default: $SM_CHECKPOINT_DIR, else $SAGEMAKER_BASE_DIR/checkpoints",
+    )
     p.add_argument("--model-dir", type=Path, help="default: $SM_MODEL_DIR")
     p.add_argument("--output-dir", type=Path, help="default: $SM_OUTPUT_DATA_DIR")
     p.add_argument("--eval", default="true", help="evaluate after training: true | false")
@@ -105,7 +111,9 @@ def resolve_paths(a: argparse.Namespace) -> Paths:
     if pretrained is not None and pretrained.is_dir():
         found = sorted(pretrained.glob("*.npz"))
         if len(found) != 1:
-            raise UsageError(f"pretrained directory {pretrained}: expected exactly one .npz, found {len(found)}")
+            raise UsageError(
+                f"pretrained directory {pretrained}: expected exactly one .npz, found {len(found)}"
+            )
         pretrained = found[0]
     if pretrained is not None and not pretrained.is_file():
         raise UsageError(f"pretrained weights {pretrained} do not exist")
@@ -115,7 +123,7 @@ def resolve_paths(a: argparse.Namespace) -> Paths:
         train_json=a.train_json,
         val_json=a.val_json,
         pretrained=pretrained,
-        checkpoints=a.checkpoint_dir or root / "checkpoints",
+        checkpoints=a.checkpoint_dir or Path(os.environ.get("SM_CHECKPOINT_DIR") or root / "checkpoints"),
         model=a.model_dir or Path(os.environ.get("SM_MODEL_DIR", root / "model")),
         output=a.output_dir or Path(os.environ.get("SM_OUTPUT_DATA_DIR", root / "output" / "data")),
     )
@@ -137,7 +145,9 @@ def export_npz(ckpt: str, out: Path) -> None:
     from tensorpack.tfutils.varmanip import load_checkpoint_vars
 
     params = {
-        k: v for k, v in load_checkpoint_vars(ckpt).items() if "Momentum" not in k and not k.startswith("global_step")
+        k: v
+        for k, v in load_checkpoint_vars(ckpt).items()
+        if "Momentum" not in k and not k.startswith("global_step")
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.npz")
@@ -187,6 +197,8 @@ class TrainLog:
 
 def train(cfg: Config, paths: Paths, world: dist.World) -> str:
     """Train (or resume) to cfg.total_steps; returns the final checkpoint path (on rank 0)."""
+    from mrcnn import data
+    from mrcnn.model import MaskRCNN
     from tensorpack import TrainConfig, launch_train_with_config
     from tensorpack.callbacks import MergeAllSummaries, ModelSaver, MovingAverageSummary, RunUpdateOps
     from tensorpack.input_source import QueueInput
@@ -194,9 +206,6 @@ def train(cfg: Config, paths: Paths, world: dist.World) -> str:
     from tensorpack.tfutils.sessinit import SmartInit
     from tensorpack.train import HorovodTrainer, SimpleTrainer
     from tensorpack.utils import logger
-
-    from mrcnn import data
-    from mrcnn.model import MaskRCNN
 
     if paths.train is None:
         raise UsageError("no training data: give --train-dir or --data-dir, or a 'train' channel")
@@ -215,7 +224,9 @@ def train(cfg: Config, paths: Paths, world: dist.World) -> str:
         )
     if step >= schedule.total_steps:
         if world.is_chief:
-            logger.info(f"checkpoint at step {step} already reaches {schedule.total_steps} steps: not training")
+            logger.info(
+                f"checkpoint at step {step} already reaches {schedule.total_steps} steps: not training"
+            )
         return ckpt or ""
 
     session_init = None
@@ -253,25 +264,33 @@ def train(cfg: Config, paths: Paths, world: dist.World) -> str:
 
 def evaluate(cfg: Config, paths: Paths, world: dist.World, weights: Path) -> dict[str, Any] | None:
     """Each rank predicts its shard of the validation images; rank 0 runs COCOeval and writes eval.json."""
-    from tensorpack.predict import OfflinePredictor, PredictConfig
-    from tensorpack.tfutils.sessinit import SmartInit
-    from tensorpack.utils import logger
-
     from mrcnn import data
     from mrcnn.evaluation import coco_evaluate, predict_image
     from mrcnn.model import OUTPUT_NAMES, MaskRCNN
+    from tensorpack.predict import OfflinePredictor, PredictConfig
+    from tensorpack.tfutils.sesscreate import NewSessionCreator
+    from tensorpack.tfutils.sessinit import SmartInit
+    from tensorpack.utils import logger
 
     if paths.val is None:
         if world.is_chief:
-            logger.info("no validation data (--val-dir, 'val' channel or <data-dir>/val): skipping evaluation")
+            logger.info(
+                "no validation data (--val-dir, 'val' channel or <data-dir>/val): skipping evaluation"
+            )
         return None
     ds = data.load_dataset(paths.val, paths.val_json)
     recs = data.records(ds, with_empty=True)
     if cfg.eval_max_images:
         recs = recs[: cfg.eval_max_images]
+    # Grappler's cost model cannot size CropAndResize and logs a page per call; inference does not need it.
+    sess_config = tf1.ConfigProto()
+    sess_config.graph_options.rewrite_options.disable_meta_optimizer = True
+    sess_config.gpu_options.visible_device_list = str(world.local_rank)  # as HorovodTrainer does in training
+    sess_config.gpu_options.allow_growth = True
     predictor = OfflinePredictor(
         PredictConfig(
             model=MaskRCNN(cfg, ds.num_classes),
+            session_creator=NewSessionCreator(config=sess_config),
             session_init=SmartInit(str(weights)),
             input_names=["image"],
             output_names=list(OUTPUT_NAMES),
@@ -279,7 +298,9 @@ def evaluate(cfg: Config, paths: Paths, world: dist.World, weights: Path) -> dic
     )
     t0 = time.perf_counter()
     mine = [r for i, r in enumerate(recs) if i % world.size == world.rank]
-    results = [res for r in mine for res in predict_image(predictor, r.path, r.image_id, cfg, ds.category_ids)]
+    results = [
+        res for r in mine for res in predict_image(predictor, r.path, r.image_id, cfg, ds.category_ids)
+    ]
     seconds = time.perf_counter() - t0
     everything = [json.loads(b) for b in dist.gather_bytes(world, json.dumps(results).encode())]
     if not world.is_chief:

@@ -58,7 +58,9 @@ def np_decode(deltas: np.ndarray, refs: np.ndarray, weights: Sequence[float] = (
     dh = np.minimum(deltas[:, 3] / wh, MAX_LOG_SCALE)
     ncx, ncy = cx + deltas[:, 0] / wx * rw, cy + deltas[:, 1] / wy * rh
     nw, nh = rw * np.exp(dw), rh * np.exp(dh)
-    return np.stack([ncx - 0.5 * nw, ncy - 0.5 * nh, ncx + 0.5 * nw, ncy + 0.5 * nh], axis=1).astype(np.float32)
+    return np.stack([ncx - 0.5 * nw, ncy - 0.5 * nh, ncx + 0.5 * nw, ncy + 0.5 * nh], axis=1).astype(
+        np.float32
+    )
 
 
 def np_nms(boxes: np.ndarray, scores: np.ndarray, iou: float) -> list[int]:

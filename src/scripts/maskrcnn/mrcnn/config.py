@@ -1,4 +1,4 @@
-"""Configuration of the Mask R-CNN reference script: typed, frozen, built from a preset plus KEY=VALUE overrides.
+"""Configuration of the Mask R-CNN reference script: typed, frozen, a preset plus KEY=VALUE overrides.
 
 Every field can be overridden from the command line (or a SageMaker hyperparameter) as `--config key=value`;
 tuples are written comma-separated (`anchor_sizes=16,32,64,128,256`). Unknown keys and unparsable values are
@@ -113,15 +113,14 @@ def _parse_value(key: str, text: str, current: Any) -> Any:
     """Parse `text` into the type of the field's default value `current`."""
     try:
         if isinstance(current, bool):
-            low = text.strip().lower()
-            if low not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(text)
-            return low in ("true", "1", "yes")
+            return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[
+                text.strip().lower()
+            ]
         if isinstance(current, tuple):
             item_type = type(current[0]) if current else float
             return tuple(item_type(p) for p in text.replace(" ", "").split(",") if p)
         return type(current)(text)
-    except ValueError:
+    except (ValueError, KeyError):
         raise ConfigError(
             f"config key {key!r}: cannot parse {text!r} as {type(current).__name__}"
             + (" (comma-separated list)" if isinstance(current, tuple) else "")

@@ -72,7 +72,9 @@ def load_dataset(data_dir: Path, explicit_json: str | None = None) -> Dataset:
     roots = [data_dir / "images", data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
     root = next((r for r in roots if (r / first).is_file()), None)
     if root is None:
-        raise DataError(f"{ann}: image {first!r} not found under {data_dir} (tried images/, ., subdirectories)")
+        raise DataError(
+            f"{ann}: image {first!r} not found under {data_dir} (tried images/, ., subdirectories)"
+        )
     return Dataset(ann, root, coco, tuple(sorted(coco.getCatIds())))
 
 
@@ -146,7 +148,11 @@ def rasterize(segmentation: Any, h0: int, w0: int, scale: float, out_hw: tuple[i
     if isinstance(segmentation, list):
         polys = [list(np.asarray(p, np.float64) * scale) for p in segmentation if len(p) >= 6]
         return mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(polys, h, w)))
-    rle = segmentation if isinstance(segmentation["counts"], str) else mask_utils.frPyObjects(segmentation, h0, w0)
+    rle = (
+        segmentation
+        if isinstance(segmentation["counts"], str)
+        else mask_utils.frPyObjects(segmentation, h0, w0)
+    )
     m = mask_utils.decode(rle)
     return cv2.resize(m, (w, h), interpolation=cv2.INTER_NEAREST)
 
@@ -170,7 +176,11 @@ def rpn_targets(
     labels[best_iou >= cfg.rpn_pos_iou] = 1
     for value, limit in (
         (1, int(cfg.rpn_batch_per_image * cfg.rpn_fg_ratio)),
-        (0, cfg.rpn_batch_per_image - min(int((labels == 1).sum()), int(cfg.rpn_batch_per_image * cfg.rpn_fg_ratio))),
+        (
+            0,
+            cfg.rpn_batch_per_image
+            - min(int((labels == 1).sum()), int(cfg.rpn_batch_per_image * cfg.rpn_fg_ratio)),
+        ),
     ):
         idx = np.nonzero(labels == value)[0]
         if len(idx) > limit:
@@ -223,5 +233,7 @@ def train_dataflow(recs: list[Record], cfg: Config, rank: int, size: int) -> Any
         return train_example(rec, cfg, np.random.default_rng(rng.integers(1 << 62)))
 
     if cfg.data_workers > 1:
-        return MultiThreadMapData(ds, num_thread=cfg.data_workers, map_func=fn, buffer_size=8 * cfg.data_workers)
+        return MultiThreadMapData(
+            ds, num_thread=cfg.data_workers, map_func=fn, buffer_size=8 * cfg.data_workers
+        )
     return MapData(ds, fn)

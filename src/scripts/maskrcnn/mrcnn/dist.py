@@ -39,7 +39,9 @@ def init_world() -> World:
     try:
         import horovod.tensorflow as hvd
     except ImportError as e:
-        raise RuntimeError(f"started as several MPI processes but horovod.tensorflow cannot be imported: {e}") from e
+        raise RuntimeError(
+            f"started as several MPI processes but horovod.tensorflow cannot be imported: {e}"
+        ) from e
     hvd.init()
     return World(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd)
 
@@ -48,7 +50,8 @@ def _run_collective(world: World, build: Any, feed_values: list[np.ndarray]) -> 
     with tf.Graph().as_default():
         placeholders = [tf1.placeholder(tf.as_dtype(v.dtype), [None]) for v in feed_values]
         outputs = build(placeholders)
-        with tf1.Session() as sess:
+        # CPU only: these tiny collectives must not claim GPU memory before training does.
+        with tf1.Session(config=tf1.ConfigProto(device_count={"GPU": 0})) as sess:
             return sess.run(outputs, feed_dict=dict(zip(placeholders, feed_values, strict=True)))
 
 

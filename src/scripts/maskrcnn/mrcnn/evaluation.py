@@ -22,7 +22,7 @@ STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100",
 
 
 def paste_mask(mask: np.ndarray, box: np.ndarray, h: int, w: int, thresh: float = 0.5) -> np.ndarray:
-    """Binary full-image mask from an R x R probability map covering `box` (the inverse of ROIAlign's grid)."""
+    """Binary full-image mask from an R x R probability map covering `box` (inverse of ROIAlign's grid)."""
     out = np.zeros((h, w), np.uint8)
     x1, y1, x2, y2 = (float(v) for v in box)
     ix1, iy1 = max(math.floor(x1), 0), max(math.floor(y1), 0)
@@ -64,7 +64,9 @@ def coco_results(
     return out
 
 
-def predict_image(predictor: Callable[..., Any], path: str, image_id: int, cfg: Config, category_ids: Sequence[int]):
+def predict_image(
+    predictor: Callable[..., Any], path: str, image_id: int, cfg: Config, category_ids: Sequence[int]
+):
     """Run the model on one image file; results in the original image's coordinates."""
     img = read_image(path)
     h0, w0 = img.shape[:2]
@@ -72,7 +74,11 @@ def predict_image(predictor: Callable[..., Any], path: str, image_id: int, cfg: 
     boxes, scores, labels, masks = predictor(resized.astype(np.float32))
     sx, sy = resized.shape[1] / w0, resized.shape[0] / h0
     boxes = B.np_clip(boxes / np.array([sx, sy, sx, sy], np.float32), h0, w0)
-    full = np.stack([paste_mask(m, b, h0, w0) for m, b in zip(masks, boxes, strict=True)]) if len(boxes) else None
+    full = (
+        np.stack([paste_mask(m, b, h0, w0) for m, b in zip(masks, boxes, strict=True)])
+        if len(boxes)
+        else None
+    )
     return coco_results(image_id, boxes, scores, labels, full, category_ids)
 
 

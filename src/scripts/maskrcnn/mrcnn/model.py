@@ -98,13 +98,17 @@ def fpn(features: Sequence[tf.Tensor], cfg: Config) -> list[tf.Tensor]:
     ch = cfg.fpn_channels
     with tf1.variable_scope("fpn"):
         lateral = [
-            Conv2D(f"lateral_1x1_c{i + 2}", c, ch, 1, kernel_initializer=HEAD_INIT) for i, c in enumerate(features)
+            Conv2D(f"lateral_1x1_c{i + 2}", c, ch, 1, kernel_initializer=HEAD_INIT)
+            for i, c in enumerate(features)
         ]
         merged = [lateral[3]]
         for lat in reversed(lateral[:3]):
             up = tf.repeat(tf.repeat(merged[0], 2, axis=1), 2, axis=2)
             merged.insert(0, lat + up)
-        p = [Conv2D(f"posthoc_3x3_p{i + 2}", m, ch, 3, kernel_initializer=HEAD_INIT) for i, m in enumerate(merged)]
+        p = [
+            Conv2D(f"posthoc_3x3_p{i + 2}", m, ch, 3, kernel_initializer=HEAD_INIT)
+            for i, m in enumerate(merged)
+        ]
     p.append(tf.nn.max_pool2d(p[3], 1, 2, "SAME"))
     return p
 
@@ -148,7 +152,7 @@ def proposals(
     post_k: int,
     nms_iou: float,
 ) -> tf.Tensor:
-    """Top `pre_k` anchors per level, decoded, clipped and NMS-ed per level; then the best `post_k` overall."""
+    """Top `pre_k` anchors per level, decoded, clipped and NMS-ed per level; the best `post_k` overall."""
     all_boxes, all_scores = [], []
     for lg, dl, an in zip(logits, deltas, anchors, strict=True):
         scores, idx = tf.nn.top_k(lg, tf.minimum(pre_k, tf.size(lg)), sorted=False)
@@ -171,7 +175,12 @@ def aligned_crop_boxes(rois: tf.Tensor, scale: float, hw: tf.Tensor, samples: in
     w = tf.maximum(tf.cast(hw[1], tf.float32) - 1.0, 1.0)
     # Continuous coordinate u is index u - 0.5; the first/last samples sit half a sub-bin inside the box.
     return tf.stack(
-        [(y1 + 0.5 * bh - 0.5) / h, (x1 + 0.5 * bw - 0.5) / w, (y2 - 0.5 * bh - 0.5) / h, (x2 - 0.5 * bw - 0.5) / w],
+        [
+            (y1 + 0.5 * bh - 0.5) / h,
+            (x1 + 0.5 * bw - 0.5) / w,
+            (y2 - 0.5 * bh - 0.5) / h,
+            (x2 - 0.5 * bw - 0.5) / w,
+        ],
         axis=1,
     )
 
@@ -179,7 +188,9 @@ def aligned_crop_boxes(rois: tf.Tensor, scale: float, hw: tf.Tensor, samples: in
 def roi_align(feature: tf.Tensor, rois: tf.Tensor, stride: int, size: int) -> tf.Tensor:
     """ROIAlign with 2x2 samples per bin: (n, size, size, C) from a (1, H, W, C) feature map."""
     crop = aligned_crop_boxes(rois, 1.0 / stride, tf.shape(feature)[1:3], 2 * size)
-    crops = tf.image.crop_and_resize(feature, crop, tf.zeros([tf.shape(rois)[0]], tf.int32), [2 * size, 2 * size])
+    crops = tf.image.crop_and_resize(
+        feature, crop, tf.zeros([tf.shape(rois)[0]], tf.int32), [2 * size, 2 * size]
+    )
     return tf.nn.avg_pool2d(crops, 2, 2, "VALID")
 
 
@@ -228,15 +239,21 @@ def box_head(features: Sequence[tf.Tensor], rois: tf.Tensor, cfg: Config, num_cl
     return logits, tf.reshape(deltas, [-1, num_classes, 4])
 
 
-def mask_head(features: Sequence[tf.Tensor], rois: tf.Tensor, classes: tf.Tensor, cfg: Config, num_classes: int):
+def mask_head(
+    features: Sequence[tf.Tensor], rois: tf.Tensor, classes: tf.Tensor, cfg: Config, num_classes: int
+):
     """Mask logits (n, R, R) of each ROI for its class (1-based)."""
     x = multilevel_roi_align(features, rois, cfg.mask_resolution // 2)
     with tf1.variable_scope("maskrcnn", reuse=tf1.AUTO_REUSE):
         for i in range(cfg.mask_convs):
-            x = Conv2D(f"fcn{i}", x, cfg.mask_channels, 3, activation=tf.nn.relu, kernel_initializer=CONV_INIT)
+            x = Conv2D(
+                f"fcn{i}", x, cfg.mask_channels, 3, activation=tf.nn.relu, kernel_initializer=CONV_INIT
+            )
         x = Conv2DTranspose("deconv", x, cfg.mask_channels, 2, strides=2, activation=tf.nn.relu,
                             kernel_initializer=CONV_INIT)  # fmt: skip
-        x = Conv2D("conv", x, num_classes - 1, 1, kernel_initializer=tf1.random_normal_initializer(stddev=0.001))
+        x = Conv2D(
+            "conv", x, num_classes - 1, 1, kernel_initializer=tf1.random_normal_initializer(stddev=0.001)
+        )
     x = tf.transpose(x, [0, 3, 1, 2])  # (n, C, R, R)
     pick = tf.stack([tf.range(tf.shape(x)[0]), tf.cast(classes, tf.int32) - 1], axis=1)
     return tf.gather_nd(x, pick)
@@ -250,7 +267,9 @@ def detections(
     scores = tf.nn.softmax(logits)[:, 1:]
     n = tf.shape(rois)[0]
     refs = tf.reshape(tf.tile(tf.expand_dims(rois, 1), [1, num_fg, 1]), [-1, 4])
-    decoded = B.tf_clip(B.tf_decode(tf.reshape(deltas[:, 1:], [-1, 4]), refs, cfg.frcnn_box_weights), image_hw)
+    decoded = B.tf_clip(
+        B.tf_decode(tf.reshape(deltas[:, 1:], [-1, 4]), refs, cfg.frcnn_box_weights), image_hw
+    )
     yxyx = tf.gather(tf.reshape(decoded, [n, num_fg, 4]), [1, 0, 3, 2], axis=2)
     out_boxes, out_scores, out_classes, valid = tf.image.combined_non_max_suppression(
         tf.expand_dims(yxyx, 0),
@@ -314,7 +333,9 @@ class MaskRCNN(ModelDesc):
             tf.identity(masks, name=OUTPUT_NAMES[3])
             return None
 
-        rpn_cls, rpn_box = rpn_losses(tf.concat(logits, 0), tf.concat(deltas, 0), anchor_labels, anchor_deltas)
+        rpn_cls, rpn_box = rpn_losses(
+            tf.concat(logits, 0), tf.concat(deltas, 0), anchor_labels, anchor_deltas
+        )
         rois, roi_labels, fg_gt, num_fg = sample_rois(proposed, gt_boxes, gt_labels, cfg)
         box_logits, box_deltas = box_head(features, rois, cfg, self.num_classes)
         frcnn_cls = tf.reduce_mean(
@@ -323,7 +344,9 @@ class MaskRCNN(ModelDesc):
         )
         fg_rois = rois[:num_fg]
         fg_labels = roi_labels[:num_fg]
-        fg_deltas = tf.gather_nd(box_deltas[:num_fg], tf.stack([tf.range(num_fg), tf.cast(fg_labels, tf.int32)], 1))
+        fg_deltas = tf.gather_nd(
+            box_deltas[:num_fg], tf.stack([tf.range(num_fg), tf.cast(fg_labels, tf.int32)], 1)
+        )
         targets = B.tf_encode(tf.gather(gt_boxes, fg_gt), fg_rois, cfg.frcnn_box_weights)
         frcnn_box = tf.truediv(
             tf.reduce_sum(smooth_l1(fg_deltas - targets, 1.0)),
@@ -357,7 +380,9 @@ class MaskRCNN(ModelDesc):
         s, cfg = self.schedule, self.cfg
         step = tf.cast(get_global_step_var(), tf.float32)
         warm = cfg.warmup_factor + (1.0 - cfg.warmup_factor) * tf.minimum(1.0, step / float(s.warmup_steps))
-        decay = tf.pow(0.1, tf.add_n([tf.cast(step >= b, tf.float32) for b in s.decay_steps] + [tf.constant(0.0)]))
+        decay = tf.pow(
+            0.1, tf.add_n([tf.cast(step >= b, tf.float32) for b in s.decay_steps] + [tf.constant(0.0)])
+        )
         lr = tf.identity(s.lr * warm * decay, name="learning_rate")
         tf1.summary.scalar("learning_rate-summary", lr)
         return tf1.train.MomentumOptimizer(lr, cfg.momentum)
