@@ -47,11 +47,14 @@ def write_job(code_dir: Path) -> None:
 
 
 def reset_outputs(cluster: Cluster) -> None:
-    """Empty every host's output tree (rank timestamps, failure file) before the next run."""
+    """Empty every host's outputs (rank timestamps, failure file, model, checkpoints a script would resume
+    from) before the next run."""
     for host in cluster.spec.host_names:
-        output = cluster.ml_dir(host) / "output"
-        shutil.rmtree(output, ignore_errors=True)
-        (output / "data").mkdir(parents=True)
+        root = cluster.ml_dir(host)
+        for sub in ("output", "model", "checkpoints"):
+            shutil.rmtree(root / sub, ignore_errors=True)
+        (root / "output" / "data").mkdir(parents=True)
+        (root / "model").mkdir()
 
 
 def rank_times(cluster: Cluster) -> list[dict[str, float]]:
