@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from smhvd.cluster import registry
 from smhvd.cluster.cli import _fault, build_parser, exit_status, expand_faults, spec_from_args
 from smhvd.cluster.errors import ClusterError
 from smhvd.cluster.jobs import Fault, HostResult, exit_code_of
@@ -130,3 +131,11 @@ def test_exit_codes_and_run_status(tmp_path: Path) -> None:
     assert exit_status({"a": result(0), "b": result(1)}) == 1
     assert exit_status({"a": result(0), "b": result(None)}) == 0
     assert exit_status({"a": result(None, timed_out=True)}) == 124
+
+
+def test_free_slot_is_the_lowest_one_no_live_cluster_holds() -> None:
+    def record(slot: int) -> registry.Record:
+        return registry.Record(cluster_id=f"c{slot}", owner_pid=1, slot=slot, links=(), created_dirs=())
+
+    assert registry.free_slot([]) == 0
+    assert registry.free_slot([record(0), record(1), record(3)]) == 2
