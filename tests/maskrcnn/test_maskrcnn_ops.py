@@ -102,3 +102,29 @@ def test_paste_mask_inverts_roi_sampling() -> None:
     iou = np.logical_and(pasted, full).sum() / np.logical_or(pasted, full).sum()
     assert iou > 0.95
     assert pasted[:15].sum() == 0 and pasted[:, :20].sum() == 0  # nothing outside the box
+
+
+def predictor(overrides: list[str]):
+    from mrcnn.model import OUTPUT_NAMES, MaskRCNN
+    from tensorpack.predict import OfflinePredictor, PredictConfig
+
+    cfg = build_config("tiny", overrides)
+    return OfflinePredictor(
+        PredictConfig(model=MaskRCNN(cfg, 4), input_names=["image"], output_names=list(OUTPUT_NAMES))
+    ), cfg
+
+
+def test_inference_graph_outputs_are_consistent_and_may_be_empty() -> None:
+    image = np.random.default_rng(0).uniform(0, 255, (100, 120, 3)).astype(np.float32)  # not a multiple of 32
+    predict, cfg = predictor([])
+    boxes, scores, labels, masks = predict(image)
+    k = len(boxes)
+    assert 0 < k <= cfg.test_max_detections  # an untrained head scores every class near 1/4 > 0.05
+    assert scores.shape == (k,) and labels.shape == (k,) and masks.shape == (k, 14, 14)
+    assert np.all(np.diff(scores) <= 0) and np.all(scores > cfg.test_score_thresh)
+    assert set(labels.tolist()) <= {1, 2, 3}
+    assert np.all(boxes >= 0) and np.all(boxes[:, [0, 2]] <= 120) and np.all(boxes[:, [1, 3]] <= 100)
+    assert np.all((masks >= 0) & (masks <= 1))
+    predict, _ = predictor(["test_score_thresh=0.99"])
+    boxes, scores, labels, masks = predict(image)
+    assert boxes.shape == (0, 4) and masks.shape == (0, 14, 14)

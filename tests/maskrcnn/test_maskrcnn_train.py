@@ -1,5 +1,5 @@
-"""The tiny preset trains at np=2 (under mpirun, then through `train`): finite decreasing loss, pretrained .npz
-loading, checkpoints, resume from them, export of the model and COCO evaluation."""
+"""The tiny preset trains at np=2 (under mpirun, then through `train`): finite decreasing loss, pretrained
+.npz loading, checkpoints, resume from them, export of the model and COCO evaluation."""
 
 from __future__ import annotations
 

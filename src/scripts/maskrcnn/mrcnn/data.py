@@ -147,6 +147,8 @@ def rasterize(segmentation: Any, h0: int, w0: int, scale: float, out_hw: tuple[i
     h, w = out_hw
     if isinstance(segmentation, list):
         polys = [list(np.asarray(p, np.float64) * scale) for p in segmentation if len(p) >= 6]
+        if not polys:  # degenerate annotation: no area
+            return np.zeros((h, w), np.uint8)
         return mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(polys, h, w)))
     rle = (
         segmentation
@@ -155,6 +157,13 @@ def rasterize(segmentation: Any, h0: int, w0: int, scale: float, out_hw: tuple[i
     )
     m = mask_utils.decode(rle)
     return cv2.resize(m, (w, h), interpolation=cv2.INTER_NEAREST)
+
+
+def _subsample(labels: np.ndarray, value: int, limit: int, rng: np.random.Generator) -> None:
+    """Mark random anchors labelled `value` as ignored (-1) until at most `limit` remain."""
+    idx = np.nonzero(labels == value)[0]
+    if len(idx) > limit:
+        labels[rng.choice(idx, len(idx) - limit, replace=False)] = -1
 
 
 def rpn_targets(
@@ -174,17 +183,8 @@ def rpn_targets(
     forced = np.nonzero((iou == gt_best[None, :]) & (gt_best[None, :] > 0))[0]
     labels[forced] = 1
     labels[best_iou >= cfg.rpn_pos_iou] = 1
-    for value, limit in (
-        (1, int(cfg.rpn_batch_per_image * cfg.rpn_fg_ratio)),
-        (
-            0,
-            cfg.rpn_batch_per_image
-            - min(int((labels == 1).sum()), int(cfg.rpn_batch_per_image * cfg.rpn_fg_ratio)),
-        ),
-    ):
-        idx = np.nonzero(labels == value)[0]
-        if len(idx) > limit:
-            labels[rng.choice(idx, len(idx) - limit, replace=False)] = -1
+    _subsample(labels, 1, int(cfg.rpn_batch_per_image * cfg.rpn_fg_ratio), rng)
+    _subsample(labels, 0, cfg.rpn_batch_per_image - int((labels == 1).sum()), rng)
     fg = labels == 1
     deltas[fg] = B.np_encode(gt[best_gt[fg]], anchors[fg])
     return labels, deltas
