@@ -68,7 +68,7 @@ VARIANTS: dict[str, dict[str, str]] = {
             "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4"
         )
     },
-    "+ yield, btl_tcp_links 4": {
+    "+ yield and btl_tcp_links 4": {
         "sagemaker_mpi_custom_mpi_options": json.dumps("--mca mpi_yield_when_idle 1 --mca btl_tcp_links 4")
     },
 }
