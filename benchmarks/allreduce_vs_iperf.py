@@ -26,28 +26,44 @@ from smhvd.cluster.waiting import wait_for
 
 JOB = """
 import argparse, json, os, statistics, time
-import tensorflow as tf
-import horovod.tensorflow as hvd
 parser = argparse.ArgumentParser()
 parser.add_argument("--size_mb", type=float, default=64)
 parser.add_argument("--iterations", type=int, default=10)
 parser.add_argument("--warmup", type=int, default=3)
+parser.add_argument("--engine", choices=["horovod", "mpi4py"], default="horovod")
 args, _ = parser.parse_known_args()
-hvd.init()
 count = int(args.size_mb * 1024 * 1024 / 4)
-tensor = tf.ones([count], tf.float32)
 seconds = []
-for step in range(args.warmup + args.iterations):
-    start = time.perf_counter()
-    result = hvd.allreduce(tensor, op=hvd.Sum)
-    float(result[0])
-    if step >= args.warmup:
-        seconds.append(time.perf_counter() - start)
-assert float(result[0]) == hvd.size()
-if hvd.rank() == 0:
+if args.engine == "horovod":
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    tensor = tf.ones([count], tf.float32)
+    for step in range(args.warmup + args.iterations):
+        start = time.perf_counter()
+        result = hvd.allreduce(tensor, op=hvd.Sum)
+        first = float(result[0])
+        if step >= args.warmup:
+            seconds.append(time.perf_counter() - start)
+else:  # the same collective straight through Open MPI, without Horovod or TensorFlow
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    send = np.ones(count, np.float32)
+    out = np.empty_like(send)
+    for step in range(args.warmup + args.iterations):
+        start = time.perf_counter()
+        comm.Allreduce(send, out, op=MPI.SUM)
+        first = float(out[0])
+        if step >= args.warmup:
+            seconds.append(time.perf_counter() - start)
+assert first == size
+if rank == 0:
     median = statistics.median(seconds)
     size_bytes = count * 4
-    bus = 2 * (hvd.size() - 1) / hvd.size() * size_bytes / median
+    bus = 2 * (size - 1) / size * size_bytes / median
     out = os.environ["SM_OUTPUT_DATA_DIR"]
     with open(os.path.join(out, "allreduce.json"), "w") as f:
         json.dump({"median_s": median, "bus_gbit_s": bus * 8 / 1e9, "seconds": seconds}, f)
@@ -56,6 +72,7 @@ if hvd.rank() == 0:
 # name -> hyperparameters added to the defaults
 VARIANTS: dict[str, dict[str, str]] = {
     "launcher defaults": {},
+    "mpi4py Allreduce, no Horovod (defaults)": {"engine": json.dumps("mpi4py")},
     "+ mpi_yield_when_idle 1": {
         "sagemaker_mpi_custom_mpi_options": json.dumps("--mca mpi_yield_when_idle 1")
     },
