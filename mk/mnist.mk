@@ -12,8 +12,8 @@ mnist-mpirun: setup ## the MNIST script under plain mpirun (MNIST_NP, MNIST_ARGS
 	SAGEMAKER_BASE_DIR=$(MNIST_WORKDIR) mpirun --allow-run-as-root --oversubscribe -np $(MNIST_NP) \
 	  --bind-to none --mca mpi_yield_when_idle 1 $(PY) src/scripts/mnist/train_mnist.py $(MNIST_ARGS)
 
-test-mnist: setup ## the MNIST script's tests only (unit: 1 s; integration: ~3-5 min on 2 cores)
+test-mnist: setup ## the MNIST script's tests only (unit: 2 s; integration: ~7 min on 2 loaded cores)
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests/scripts_mnist
 
-bench-mnist: setup ## MNIST to 99% at np=1 and np=2, Horovod's overhead at np=1 (~10 min on 2 quiet cores)
+bench-mnist: setup ## MNIST to 99% at np=1 and np=2, Horovod's overhead at np=1 (~20 min on 2 loaded cores)
 	$(PY) benchmarks/mnist_convergence.py $(MNIST_BENCH_ARGS)

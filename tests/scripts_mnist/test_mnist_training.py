@@ -1,6 +1,6 @@
 """The MNIST reference script trained for real: 2 ranks under mpirun, short runs on real data.
 
-Cost: about 3 min on 2 quiet cores (TensorFlow's start-up dominates each run); 7 min at load average 8.
+Cost: 6-7 min measured at load average 8-10 on 2 cores; TensorFlow's start-up dominates each run.
 """
 
 from __future__ import annotations
