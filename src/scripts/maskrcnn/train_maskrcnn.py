@@ -60,6 +60,7 @@ class Paths:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    # Every option also takes underscores (--train_json): hyperparameter keys are often written so.
     p = argparse.ArgumentParser(description="Mask R-CNN (ResNet-FPN) with tensorpack and Horovod")
     p.add_argument("--preset", default="coco", help="tiny | coco (default coco)")
     p.add_argument(
@@ -69,23 +70,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE ...",
         help="config overrides, space-separated, repeatable (e.g. --config 'total_steps=40 norm=GN')",
     )
-    p.add_argument("--data-dir", type=Path, help="holds train/ and val/ (used when channels are absent)")
-    p.add_argument("--train-dir", type=Path, help="training data (default: $SM_CHANNEL_TRAIN)")
-    p.add_argument("--val-dir", type=Path, help="validation data (default: $SM_CHANNEL_VAL)")
-    p.add_argument("--train-json", help="annotation file relative to the training dir (default: auto)")
-    p.add_argument("--val-json", help="annotation file relative to the validation dir (default: auto)")
+    p.add_argument(
+        "--data-dir", "--data_dir", type=Path, help="holds train/ and val/ (used when channels are absent)"
+    )
+    p.add_argument("--train-dir", "--train_dir", type=Path, help="training data (default: $SM_CHANNEL_TRAIN)")
+    p.add_argument("--val-dir", "--val_dir", type=Path, help="validation data (default: $SM_CHANNEL_VAL)")
+    p.add_argument(
+        "--train-json", "--train_json", help="annotation file relative to the training dir (default: auto)"
+    )
+    p.add_argument(
+        "--val-json", "--val_json", help="annotation file relative to the validation dir (default: auto)"
+    )
     p.add_argument(
         "--pretrained", type=Path, help="backbone .npz, or a dir with one (default: pretrained channel)"
     )
     p.add_argument(
         "--checkpoint-dir",
+        "--checkpoint_dir",
         type=Path,
         help="default: $SM_CHECKPOINT_DIR, else $SAGEMAKER_BASE_DIR/checkpoints",
     )
-    p.add_argument("--model-dir", type=Path, help="default: $SM_MODEL_DIR")
-    p.add_argument("--output-dir", type=Path, help="default: $SM_OUTPUT_DATA_DIR")
+    p.add_argument("--model-dir", "--model_dir", type=Path, help="default: $SM_MODEL_DIR")
+    p.add_argument("--output-dir", "--output_dir", type=Path, help="default: $SM_OUTPUT_DATA_DIR")
     p.add_argument("--eval", default="true", help="evaluate after training: true | false")
-    p.add_argument("--eval-only", default="false", help="skip training; evaluate --model-dir's model.npz")
+    p.add_argument(
+        "--eval-only", "--eval_only", default="false", help="skip training; evaluate --model-dir's model.npz"
+    )
     return p.parse_args(argv)
 
 
@@ -155,44 +165,41 @@ def export_npz(ckpt: str, out: Path) -> None:
     tmp.replace(out)
 
 
-class TrainLog:
-    """Factory of a tensorpack callback: per-epoch mean loss, s/step and images/s on rank 0; stops on NaN."""
+def train_log_callback(images_per_step: int) -> Any:
+    """Tensorpack callback (rank 0): per-epoch mean loss, s/step, images/s; stops on a non-finite loss."""
+    from tensorpack.callbacks import Callback
+    from tensorpack.utils import logger
 
-    @staticmethod
-    def make(images_per_step: int) -> Any:
-        from tensorpack.callbacks import Callback
-        from tensorpack.utils import logger
+    class _TrainLog(Callback):
+        def _setup_graph(self) -> None:
+            self._cost = tf1.get_default_graph().get_tensor_by_name("total_cost:0")
 
-        class _TrainLog(Callback):
-            def _setup_graph(self) -> None:
-                self._cost = tf1.get_default_graph().get_tensor_by_name("total_cost:0")
+        def _before_epoch(self) -> None:
+            self._losses: list[float] = []
+            self._t0 = time.perf_counter()
 
-            def _before_epoch(self) -> None:
-                self._losses: list[float] = []
-                self._t0 = time.perf_counter()
+        def _before_run(self, _: Any) -> Any:
+            return tf1.train.SessionRunArgs(fetches=self._cost)
 
-            def _before_run(self, _: Any) -> Any:
-                return tf1.train.SessionRunArgs(fetches=self._cost)
+        def _after_run(self, _: Any, values: Any) -> None:
+            loss = float(values.results)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss} at step {self.global_step}")
+            self._losses.append(loss)
 
-            def _after_run(self, _: Any, values: Any) -> None:
-                loss = float(values.results)
-                if not math.isfinite(loss):
-                    raise FloatingPointError(f"loss became {loss} at step {self.global_step}")
-                self._losses.append(loss)
+        def _trigger_epoch(self) -> None:
+            dt = time.perf_counter() - self._t0
+            n = max(len(self._losses), 1)
+            mean = float(np.mean(self._losses)) if self._losses else float("nan")
+            self.trainer.monitors.put_scalar("train/loss_epoch_mean", mean)
+            self.trainer.monitors.put_scalar("train/sec_per_step", dt / n)
+            self.trainer.monitors.put_scalar("train/images_per_sec", n * images_per_step / dt)
+            logger.info(
+                f"epoch {self.epoch_num}: mean loss {mean:.4f}, {dt / n:.3f} s/step, "
+                f"{n * images_per_step / dt:.2f} images/s"
+            )
 
-            def _trigger_epoch(self) -> None:
-                dt = time.perf_counter() - self._t0
-                n = max(len(self._losses), 1)
-                mean = float(np.mean(self._losses)) if self._losses else float("nan")
-                self.trainer.monitors.put_scalar("train/loss_epoch_mean", mean)
-                self.trainer.monitors.put_scalar("train/sec_per_step", dt / n)
-                self.trainer.monitors.put_scalar("train/images_per_sec", n * images_per_step / dt)
-                logger.info(
-                    f"epoch {self.epoch_num}: mean loss {mean:.4f}, {dt / n:.3f} s/step, "
-                    f"{n * images_per_step / dt:.2f} images/s"
-                )
-
-        return _TrainLog()
+    return _TrainLog()
 
 
 def train(cfg: Config, paths: Paths, world: dist.World) -> str:
@@ -242,7 +249,7 @@ def train(cfg: Config, paths: Paths, world: dist.World) -> str:
         intra_op_parallelism_threads=max(1, (os.cpu_count() or 1) // world.local_size),
         inter_op_parallelism_threads=max(1, (os.cpu_count() or 1) // world.local_size),
     )
-    callbacks = [TrainLog.make(world.size * cfg.images_per_rank)]
+    callbacks = [train_log_callback(world.size * cfg.images_per_rank)]
     if world.is_chief:
         callbacks.append(ModelSaver(max_to_keep=cfg.max_checkpoints, checkpoint_dir=str(paths.checkpoints)))
     config = TrainConfig(

@@ -21,6 +21,7 @@ class Config:
     gn_groups: int = 32
     freeze_at: int = 2  # 0: train all; 1: freeze stem; 2: stem + first stage (Detectron's default)
     fpn_channels: int = 256
+    bgr_input: bool = False  # feed the backbone BGR (e.g. tensorpack's ImageNet checkpoints were trained so)
     # RPN
     anchor_sizes: tuple[int, ...] = (32, 64, 128, 256, 512)  # one per level P2..P6 (strides 4..64)
     anchor_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)

@@ -308,6 +308,8 @@ class MaskRCNN(ModelDesc):
         hw = tf.shape(image)[:2]
         image_hw = tf.cast(hw, tf.float32)
         x = (image - PIXEL_MEAN_RGB) / PIXEL_STD_RGB
+        if cfg.bgr_input:
+            x = tf.reverse(x, axis=[-1])
         pad = (32 - hw % 32) % 32
         x = tf.expand_dims(tf.pad(x, [[0, pad[0]], [0, pad[1]], [0, 0]]), 0)
         features = fpn(resnet(x, cfg), cfg)
