@@ -72,7 +72,7 @@ if rank == 0:
 # name -> hyperparameters added to the defaults
 VARIANTS: dict[str, dict[str, str]] = {
     "launcher defaults": {},
-    "mpi4py Allreduce, no Horovod (defaults)": {"engine": json.dumps("mpi4py")},
+    "mpi4py Allreduce without Horovod": {"engine": json.dumps("mpi4py")},
     "+ mpi_yield_when_idle 1": {
         "sagemaker_mpi_custom_mpi_options": json.dumps("--mca mpi_yield_when_idle 1")
     },
