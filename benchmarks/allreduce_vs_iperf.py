@@ -91,8 +91,9 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
-def iperf_gbits(cluster: Cluster, seconds: int) -> float:
-    """Single-stream TCP bandwidth algo-1 -> algo-2 in Gbit/s (iperf3 server on algo-2 while it runs)."""
+def iperf_gbits(cluster: Cluster, seconds: int, *, both_ways: bool = False) -> float:
+    """Single-stream TCP bandwidth algo-1 -> algo-2 in Gbit/s (iperf3 server on algo-2 while it runs);
+    ``both_ways``: one stream each way at once (--bidir), the mean of the two directions."""
     server = cluster.start("algo-2", ["iperf3", "-s"], log=cluster.host_dir("algo-2") / "iperf3-server.log")
     try:
         wait_for(
@@ -100,10 +101,13 @@ def iperf_gbits(cluster: Cluster, seconds: int) -> float:
             "the iperf3 server on algo-2 to listen",
             30,
         )
-        code, out = cluster.exec("algo-1", ["iperf3", "-c", "algo-2", "-t", str(seconds), "-J"], timeout=60)
+        argv = ["iperf3", "-c", "algo-2", "-t", str(seconds), "-J", *(["--bidir"] if both_ways else [])]
+        code, out = cluster.exec("algo-1", argv, timeout=60)
         if code != 0:
             raise ClusterError(f"iperf3 client failed with exit {code}: {out[-300:]}")
-        return float(json.loads(out)["end"]["sum_received"]["bits_per_second"]) / 1e9
+        end = json.loads(out)["end"]
+        keys = ["sum_received", "sum_received_bidir_reverse"] if both_ways else ["sum_received"]
+        return statistics.mean(float(end[key]["bits_per_second"]) for key in keys) / 1e9
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
@@ -146,14 +150,19 @@ def main() -> int:
                 "iterations": str(args.iterations),
             },
         )
-        rows = [["setting", "bus bandwidth (Gbit/s), runs", "median", "iperf3 (Gbit/s)", "ratio"]]
+        rows = [
+            ["setting", "bus bandwidth (Gbit/s), runs", "median", "ratio to TCP one way",
+             "ratio to TCP both ways"]
+        ]  # fmt: skip
         names = args.variants.split(",")
         measured: dict[str, list[float]] = {name: [] for name in names}
         tcp_runs: list[float] = []
+        bidir_runs: list[float] = []
         with Cluster(spec) as cluster:
             for _ in range(args.repeats):
                 tcp_runs.append(iperf_gbits(cluster, args.iperf_seconds))
-                say(f"iperf3: {tcp_runs[-1]:.2f} Gbit/s")
+                bidir_runs.append(iperf_gbits(cluster, args.iperf_seconds, both_ways=True))
+                say(f"iperf3: {tcp_runs[-1]:.2f} Gbit/s one way, {bidir_runs[-1]:.2f} each way at once")
                 for name in names:
                     result = allreduce(cluster, VARIANTS[name], timeout=300)
                     measured[name].append(result["bus_gbit_s"])
@@ -161,13 +170,15 @@ def main() -> int:
             tcp_runs.append(iperf_gbits(cluster, args.iperf_seconds))
             say(f"iperf3: {tcp_runs[-1]:.2f} Gbit/s")
         tcp = statistics.median(tcp_runs)
+        bidir = statistics.median(bidir_runs)
         for name, values in measured.items():
             bus = statistics.median(values)
             runs = " ".join(f"{value:.2f}" for value in values)
-            rows.append([name, runs, f"{bus:.2f}", f"{tcp:.2f}", f"{bus / tcp:.2f}"])
+            rows.append([name, runs, f"{bus:.2f}", f"{bus / tcp:.2f}", f"{bus / bidir:.2f}"])
     say(
         f"\n{args.size_mb:g} MiB allreduce, 2 hosts x 1 rank, {args.iterations} timed iterations per run; "
-        f"iperf3 single stream, median of {len(tcp_runs)} runs between the rounds"
+        f"iperf3 single stream, median of {len(tcp_runs)} runs between the rounds: one way {tcp:.2f} Gbit/s, "
+        f"both ways at once {bidir:.2f} Gbit/s per direction (an allreduce sends and receives at once)"
     )
     say(table(rows))
     return 0
