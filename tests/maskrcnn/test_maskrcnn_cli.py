@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import tensorflow as tf
 import train_maskrcnn
 from mrcnn.config import ConfigError, build_config, scaled_schedule
 
@@ -55,3 +56,4 @@ def test_script_rejects_bad_input_with_one_line(tmp_path: Path, monkeypatch, cap
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, (argv, err)
     assert not (tmp_path / "ml").exists()  # nothing half-done
+    assert tf.executing_eagerly()  # bad input is rejected before any process-wide TensorFlow switch

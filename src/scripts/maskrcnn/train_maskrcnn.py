@@ -340,6 +340,10 @@ def run(a: argparse.Namespace) -> int:
             f"training data directory {paths.train} does not exist" if paths.train else
             "no training data: give --train-dir or --data-dir, or a 'train' channel"
         )  # fmt: skip
+    # Graph mode for tensorpack: process-wide, so only once the arguments are known to be good.
+    tf1.disable_eager_execution()
+    if not hasattr(tf, "global_variables"):  # tensorpack's HorovodTrainer calls the TF1 name
+        tf.global_variables = tf1.global_variables
     world = dist.init_world()
     if world.is_chief:
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -377,9 +381,6 @@ def shared_file(world: dist.World, path: Path, scratch: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tf1.disable_eager_execution()
-    if not hasattr(tf, "global_variables"):  # tensorpack's HorovodTrainer calls the TF1 name
-        tf.global_variables = tf1.global_variables
     try:
         return run(args)
     except (ConfigError, DataError, UsageError) as e:
