@@ -157,7 +157,9 @@ class Cluster:
         binds.append((self.ml_dir(name), self.spec.ml_path))
         binds.extend(self.spec.extra_binds)
         tmpfs = [(Path("/run"), "0755"), (Path("/dev/shm"), "1777")]
-        if self.spec.private_tmp:
+        # A private /tmp would hide the interpreter the hosts run (and the project) when they live under
+        # /tmp, as in a CI checkout there: then the hosts share the machine's /tmp.
+        if self.spec.private_tmp and not Path(sys.prefix).resolve().is_relative_to("/tmp"):
             tmpfs.append((Path("/tmp"), "1777"))
         return HostLayout(
             hostname=name, binds=tuple(binds), tmpfs=tuple(tmpfs), dirs=((Path("/run/sshd"), "0755"),)
