@@ -38,7 +38,7 @@ def test_schedule_follows_the_linear_scaling_rule() -> None:
     assert (s.warmup_steps, s.decay_steps, s.total_steps) == (500, (30000, 40000), 45000)
 
 
-def test_script_rejects_bad_input_with_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_script_rejects_bad_input_with_one_line(tmp_path: Path, shapes: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(tmp_path / "ml"))
     for name in ("SM_CHANNEL_TRAIN", "SM_CHANNEL_VAL", "SM_CHANNEL_PRETRAINED"):
         monkeypatch.delenv(name, raising=False)
@@ -50,6 +50,16 @@ def test_script_rejects_bad_input_with_one_line(tmp_path: Path, monkeypatch, cap
         (["--preset", "tiny", "--data-dir", str(tmp_path), "--pretrained", str(tmp_path / "w.npz")],
          "pretrained weights"),
         (["--preset", "tiny", "--data-dir", str(tmp_path), "--eval", "maybe"], "--eval: expected true"),
+    ]  # fmt: skip
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    (tmp_path / "badval").mkdir()
+    (tmp_path / "badval" / "annotations.json").write_text('{"images": [], "annotations": []}')
+    cases += [
+        (["--preset", "tiny", "--data-dir", str(tmp_path / "empty")], "expected exactly one COCO annotation"),
+        # A broken validation set is found before training starts, not after it.
+        (["--preset", "tiny", "--data-dir", str(shapes), "--val-dir", str(tmp_path / "badval")],
+         "expected non-empty 'images' and 'categories'"),
+        (["--preset", "tiny", "--eval-only", "true"], "--eval-only needs validation data"),
     ]  # fmt: skip
     for argv, message in cases:
         assert train_maskrcnn.main(argv) == 2, argv

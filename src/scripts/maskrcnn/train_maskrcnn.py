@@ -35,7 +35,7 @@ import tensorflow as tf  # noqa: E402
 
 tf1 = tf.compat.v1
 
-from mrcnn import dist  # noqa: E402
+from mrcnn import data, dist  # noqa: E402
 from mrcnn.config import Config, ConfigError, build_config, scaled_schedule, to_dict  # noqa: E402
 from mrcnn.data import DataError  # noqa: E402
 
@@ -139,6 +139,17 @@ def resolve_paths(a: argparse.Namespace) -> Paths:
     )
 
 
+def load_training_data(paths: Paths) -> data.Dataset:
+    if paths.train is None:
+        raise UsageError("no training data: give --train-dir or --data-dir, or a 'train' channel")
+    if not paths.train.is_dir():
+        raise UsageError(f"training data directory {paths.train} does not exist")
+    ds = data.load_dataset(paths.train, paths.train_json)
+    if not data.records(ds, with_empty=False):
+        raise DataError(f"{ds.annotation_file}: no image has a usable (non-crowd) annotation")
+    return ds
+
+
 def parse_overrides(values: list[str]) -> list[str]:
     return [item for v in values for item in shlex.split(v)]
 
@@ -202,9 +213,8 @@ def train_log_callback(images_per_step: int) -> Any:
     return _TrainLog()
 
 
-def train(cfg: Config, paths: Paths, world: dist.World) -> str:
+def train(cfg: Config, paths: Paths, world: dist.World, ds: data.Dataset) -> str:
     """Train (or resume) to cfg.total_steps; returns the final checkpoint path (on rank 0)."""
-    from mrcnn import data
     from mrcnn.model import MaskRCNN
     from tensorpack import TrainConfig, launch_train_with_config
     from tensorpack.callbacks import MergeAllSummaries, ModelSaver, MovingAverageSummary, RunUpdateOps
@@ -214,12 +224,7 @@ def train(cfg: Config, paths: Paths, world: dist.World) -> str:
     from tensorpack.train import HorovodTrainer, SimpleTrainer
     from tensorpack.utils import logger
 
-    if paths.train is None:
-        raise UsageError("no training data: give --train-dir or --data-dir, or a 'train' channel")
-    ds = data.load_dataset(paths.train, paths.train_json)
     recs = data.records(ds, with_empty=False)
-    if not recs:
-        raise DataError(f"{ds.annotation_file}: no image has a usable (non-crowd) annotation")
     schedule = scaled_schedule(cfg, world.size * cfg.images_per_rank)
     ckpt, step = latest_checkpoint_step(paths.checkpoints) if world.is_chief else (None, 0)
     step = dist.broadcast_int(world, step)
@@ -269,9 +274,10 @@ def train(cfg: Config, paths: Paths, world: dist.World) -> str:
     return final or ""
 
 
-def evaluate(cfg: Config, paths: Paths, world: dist.World, weights: Path) -> dict[str, Any] | None:
+def evaluate(
+    cfg: Config, world: dist.World, ds: data.Dataset, weights: Path, output: Path
+) -> dict[str, Any] | None:
     """Each rank predicts its shard of the validation images; rank 0 runs COCOeval and writes eval.json."""
-    from mrcnn import data
     from mrcnn.evaluation import coco_evaluate, predict_image
     from mrcnn.model import OUTPUT_NAMES, MaskRCNN
     from tensorpack.predict import OfflinePredictor, PredictConfig
@@ -279,13 +285,6 @@ def evaluate(cfg: Config, paths: Paths, world: dist.World, weights: Path) -> dic
     from tensorpack.tfutils.sessinit import SmartInit
     from tensorpack.utils import logger
 
-    if paths.val is None:
-        if world.is_chief:
-            logger.info(
-                "no validation data (--val-dir, 'val' channel or <data-dir>/val): skipping evaluation"
-            )
-        return None
-    ds = data.load_dataset(paths.val, paths.val_json)
     recs = data.records(ds, with_empty=True)
     if cfg.eval_max_images:
         recs = recs[: cfg.eval_max_images]
@@ -318,13 +317,13 @@ def evaluate(cfg: Config, paths: Paths, world: dist.World, weights: Path) -> dic
         images=len(recs), detections=len(results), model=str(weights), annotations=str(ds.annotation_file),
         seconds_per_image_per_rank=seconds / max(len(mine), 1),
     )  # fmt: skip
-    paths.output.mkdir(parents=True, exist_ok=True)
-    (paths.output / "eval.json").write_text(json.dumps(metrics, indent=2))
-    (paths.output / "detections.json").write_text(json.dumps(results))
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "eval.json").write_text(json.dumps(metrics, indent=2))
+    (output / "detections.json").write_text(json.dumps(results))
     logger.info(
         f"COCO bbox AP {metrics['bbox']['AP']:.4f} AP50 {metrics['bbox']['AP50']:.4f}; "
         f"segm AP {metrics['segm']['AP']:.4f} AP50 {metrics['segm']['AP50']:.4f} "
-        f"({len(recs)} images) -> {paths.output / 'eval.json'}"
+        f"({len(recs)} images) -> {output / 'eval.json'}"
     )
     return metrics
 
@@ -335,11 +334,11 @@ def run(a: argparse.Namespace) -> int:
     cfg = build_config(a.preset, parse_overrides(a.config))
     paths = resolve_paths(a)
     do_eval, eval_only = _bool("eval", a.eval), _bool("eval-only", a.eval_only)
-    if not eval_only and (paths.train is None or not paths.train.is_dir()):
-        raise UsageError(
-            f"training data directory {paths.train} does not exist" if paths.train else
-            "no training data: give --train-dir or --data-dir, or a 'train' channel"
-        )  # fmt: skip
+    # Data problems surface here, before anything is written (and not after hours of training for val).
+    train_ds = None if eval_only else load_training_data(paths)
+    val_ds = data.load_dataset(paths.val, paths.val_json) if (do_eval or eval_only) and paths.val else None
+    if eval_only and val_ds is None:
+        raise UsageError("--eval-only needs validation data: --val-dir, a 'val' channel or <data-dir>/val")
     # Graph mode for tensorpack: process-wide, so only once the arguments are known to be good.
     tf1.disable_eager_execution()
     if not hasattr(tf, "global_variables"):  # tensorpack's HorovodTrainer calls the TF1 name
@@ -352,17 +351,20 @@ def run(a: argparse.Namespace) -> int:
     else:
         logger._logger.setLevel(logging.WARNING)  # one log: rank 0's
     model_file = paths.model / MODEL_FILE
-    if not eval_only:
-        final = train(cfg, paths, world)
+    if train_ds is not None:
+        final = train(cfg, paths, world, train_ds)
         if world.is_chief and final:
             export_npz(final, model_file)
             (paths.model / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
             logger.info(f"model written to {model_file}")
-    if do_eval or eval_only:
-        if world.is_chief and not model_file.is_file():
-            raise UsageError(f"no model to evaluate: {model_file} does not exist")
-        with tempfile.TemporaryDirectory(prefix="maskrcnn-eval-") as tmp:
-            evaluate(cfg, paths, world, shared_file(world, model_file, Path(tmp)))
+    if val_ds is None:
+        if do_eval and world.is_chief:
+            logger.info("no validation data (--val-dir, 'val' channel or <data-dir>/val): not evaluating")
+        return 0
+    if world.is_chief and not model_file.is_file():
+        raise UsageError(f"no model to evaluate: {model_file} does not exist")
+    with tempfile.TemporaryDirectory(prefix="maskrcnn-eval-") as tmp:
+        evaluate(cfg, world, val_ds, shared_file(world, model_file, Path(tmp)), paths.output)
     return 0
 
 
