@@ -35,10 +35,14 @@ case "$flavor" in
     ln -sf "$nv/nccl/lib/libnccl.so.2" "$CUDA_HOME/nccl/lib/libnccl.so"
     ln -sf "$nv/cuda_runtime/lib/libcudart.so.12" "$CUDA_HOME/lib64/libcudart.so"
     toolchain=$(mktemp --suffix=.cmake)
-    printf 'set(CMAKE_SHARED_LINKER_FLAGS_INIT "-Wl,-rpath,%s:%s")\n' "$nv/cuda_runtime/lib" "$nv/nccl/lib" >"$toolchain"
+    # The wheels have no libcudart_static.a: CMake (its compiler check included) links the shared runtime, and
+    # Horovod's libraries find it and NCCL in the venv through their RPATH.
+    {
+      echo 'set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)'
+      printf 'set(CMAKE_SHARED_LINKER_FLAGS_INIT "-Wl,-rpath,%s:%s")\n' "$nv/cuda_runtime/lib" "$nv/nccl/lib"
+    } >"$toolchain"
     # Horovod prefers an nvcc found on PATH over HOROVOD_CUDA_HOME: put ours first.
     export PATH="$CUDA_HOME/bin:$PATH" CUDACXX="$CUDA_HOME/bin/nvcc" CMAKE_TOOLCHAIN_FILE="$toolchain"
-    # The wheels have no libcudart_static.a / libcudadevrt.a: link the shared runtime.
     export CUDAFLAGS=--cudart=shared
     export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$CUDA_HOME" HOROVOD_NCCL_HOME="$CUDA_HOME/nccl"
     export HOROVOD_NCCL_LINK=SHARED

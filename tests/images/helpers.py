@@ -74,6 +74,7 @@ class BuiltImage:
     immutable: str  # NAME:FLAVOR-GITSHA
     moving: str  # NAME:FLAVOR
     image_id: str
+    commit: str  # git HEAD when the build started (what the revision label must say)
     seconds: float
 
 
@@ -89,6 +90,9 @@ def build_image(
     # This machine's HTTPS proxy CA (absent on most machines): passed the way a corporate-proxy user would.
     if any(EXTRA_CA_DIR.glob("*.crt")):
         cmd += ["--extra-ca", str(EXTRA_CA_DIR)]
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     start = time.monotonic()
     proc = run([*cmd, flavor], env, timeout, WORK / f"build-{flavor}-{engine}.log")
     seconds = time.monotonic() - start
@@ -96,4 +100,4 @@ def build_image(
     assert len(refs) == 2, f"bin/build.sh should print two image references, printed {proc.stdout!r}"
     record_timing(f"build-{flavor}-{engine}", seconds)
     image_id = run(["podman", "image", "inspect", "--format", "{{.Id}}", refs[0]], env, 60).stdout.strip()
-    return BuiltImage(immutable=refs[0], moving=refs[1], image_id=image_id, seconds=seconds)
+    return BuiltImage(immutable=refs[0], moving=refs[1], image_id=image_id, commit=commit, seconds=seconds)
