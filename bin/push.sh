@@ -74,6 +74,8 @@ split_ref() {
   printf '%s\n%s\n' "$path" "$tag"
 }
 
+for image in "${images[@]}"; do split_ref "$image" >/dev/null; done  # every reference valid before any AWS call
+
 [ -n "$registry" ] || ecr=1
 [[ "$registry" != *.dkr.ecr.*.amazonaws.com* ]] || ecr=1
 if [ "$ecr" = 1 ]; then
