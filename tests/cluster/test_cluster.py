@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from smhvd.cluster import Cluster, ClusterSpec, procfs, registry
+from smhvd.cluster.host import HostLayout, SimHost
 from smhvd.cluster.jobs import Fault
+from smhvd.cluster.spec import host_addresses
 from smhvd.cluster.waiting import wait_for
 
 from .helpers import SSH_OPTIONS, MakeCluster, start_sshd
@@ -203,3 +205,36 @@ def test_interrupting_the_tool_stops_every_host(cluster_tools: None, tmp_path: P
         assert (tmp_path / host / "train.log").read_text() == "stopping\n"
     assert not any(Path("/sys/class/net", link).exists() for link in record.links)
     assert _commands("sleep", "302") == []
+
+
+def test_private_tmp_still_shows_the_software_that_lives_under_tmp(
+    cluster_tools: None, tmp_path: Path
+) -> None:
+    """A CI checkout under /tmp: the host's /tmp is a fresh tmpfs, yet the carried directories (the Python
+    environment, the project) are bound back at the same place."""
+    carried = tmp_path / "venv"
+    carried.mkdir()
+    (carried / "marker").write_text("visible\n")
+    (tmp_path / "other").write_text("hidden\n")
+    layout = HostLayout(
+        hostname="algo-1",
+        binds=(),
+        tmpfs=((Path("/tmp"), "1777"),),
+        dirs=(),
+        carry=(carried,),
+    )
+    address = host_addresses(2, "test00", 0)[0]
+    host = SimHost.start(address, layout, tmp_path / "hostinit.json")
+    try:
+        done = subprocess.run(
+            host.command(
+                ["sh", "-c", f"cat {carried / 'marker'}; test -e {tmp_path / 'other'} || echo private"]
+            ),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+    finally:
+        host.stop()
+    assert done.stdout == "visible\nprivate\n", done.stderr

@@ -157,12 +157,18 @@ class Cluster:
         binds.append((self.ml_dir(name), self.spec.ml_path))
         binds.extend(self.spec.extra_binds)
         tmpfs = [(Path("/run"), "0755"), (Path("/dev/shm"), "1777")]
-        # A private /tmp would hide the interpreter the hosts run (and the project) when they live under
-        # /tmp, as in a CI checkout there: then the hosts share the machine's /tmp.
-        if self.spec.private_tmp and not Path(sys.prefix).resolve().is_relative_to("/tmp"):
+        carry: tuple[Path, ...] = ()
+        if self.spec.private_tmp:
             tmpfs.append((Path("/tmp"), "1777"))
+            # The Python environment the hosts run (and the project, for an editable install) stay visible
+            # when they live under /tmp, as in a CI checkout there.
+            carry = tuple(path for path in _software_paths() if path.is_relative_to("/tmp"))
         return HostLayout(
-            hostname=name, binds=tuple(binds), tmpfs=tuple(tmpfs), dirs=((Path("/run/sshd"), "0755"),)
+            hostname=name,
+            binds=tuple(binds),
+            tmpfs=tuple(tmpfs),
+            dirs=((Path("/run/sshd"), "0755"),),
+            carry=carry,
         )
 
     def down(self) -> None:
@@ -284,6 +290,11 @@ class Cluster:
         cluster_id = self.bridge.removeprefix(LINK_PREFIX)
         found += [f"registry record {path}" for path in registry.REGISTRY.glob(f"{cluster_id}.json")]
         return found
+
+
+def _software_paths() -> list[Path]:
+    """Where the hosts' software lives: the Python environment and the directory holding this package."""
+    return sorted({Path(sys.prefix).resolve(), Path(__file__).resolve().parents[2]})
 
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:

@@ -34,6 +34,7 @@ class HostLayout:
     binds: tuple[tuple[Path, Path], ...]
     tmpfs: tuple[tuple[Path, str], ...]
     dirs: tuple[tuple[Path, str], ...]
+    carry: tuple[Path, ...] = ()  # directories under a tmpfs target that must stay visible
 
     def to_json(self) -> str:
         return json.dumps(
@@ -41,6 +42,7 @@ class HostLayout:
                 "hostname": self.hostname,
                 "binds": [[str(src), str(dst)] for src, dst in self.binds],
                 "tmpfs": [[str(dst), mode] for dst, mode in self.tmpfs],
+                "carry": [str(path) for path in self.carry],
                 "dirs": [[str(path), mode] for path, mode in self.dirs],
             }
         )

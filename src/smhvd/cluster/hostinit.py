@@ -6,8 +6,9 @@ nothing from the project. It prints READY once the host is prepared and then liv
 kills every process in the host's PID namespace, which is how a host is torn down.
 
 CONFIG_FILE holds JSON: {"hostname": str, "binds": [[src, dst], ...], "tmpfs": [[dst, mode], ...],
-"dirs": [[path, mode], ...]}: bind mounts first (their sources may live under a path a tmpfs hides next),
-then tmpfs mounts, then directories created on them (/run/sshd).
+"carry": [path, ...], "dirs": [[path, mode], ...]}: bind mounts first (their sources may live under a path a
+tmpfs hides next), then tmpfs mounts, then the "carry" paths (which a tmpfs would hide, such as a Python
+environment under /tmp) bound back at the same place, then directories created on them (/run/sshd).
 """
 
 from __future__ import annotations
@@ -22,19 +23,26 @@ from pathlib import Path
 from types import FrameType
 
 
-def _mount(argv: list[str]) -> None:
-    done = subprocess.run(["mount", *argv], capture_output=True, text=True, check=False)
+def _mount(argv: list[str], pass_fds: tuple[int, ...] = ()) -> None:
+    done = subprocess.run(["mount", *argv], capture_output=True, text=True, check=False, pass_fds=pass_fds)
     if done.returncode != 0:
         raise OSError(f"mount {' '.join(argv)}: {done.stderr.strip()}")
 
 
 def prepare(config: dict[str, object]) -> None:
-    """Hostname, bind mounts, tmpfs mounts, directories: in that order."""
+    """Hostname, bind mounts, tmpfs mounts, carried paths, directories: in that order."""
     socket.sethostname(str(config["hostname"]))
     for src, dst in config["binds"]:  # type: ignore[attr-defined]
         _mount(["--bind", src, dst])
+    # Directories opened before a tmpfs covers them stay reachable through /proc/self/fd afterwards.
+    carried = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in config.get("carry", [])}  # type: ignore[attr-defined]
     for dst, mode in config["tmpfs"]:  # type: ignore[attr-defined]
         _mount(["-t", "tmpfs", "-o", f"mode={mode},nosuid,nodev", "tmpfs", dst])
+    for path, fd in carried.items():
+        Path(path).mkdir(parents=True, exist_ok=True)
+        # --no-canonicalize: resolved as a path, the fd link would name the covered directory again
+        _mount(["--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", path], pass_fds=(fd,))
+        os.close(fd)
     for path, mode in config["dirs"]:  # type: ignore[attr-defined]
         Path(path).mkdir(parents=True, exist_ok=True)
         Path(path).chmod(int(mode, 8))
