@@ -176,6 +176,22 @@ def export_npz(ckpt: str, out: Path) -> None:
     tmp.replace(out)
 
 
+def session_config(world: dist.World) -> Any:
+    """Thread pools sized to this rank's share of the cores; on CPU, no grappler memory optimiser (it only
+    matters for GPU memory, and its cost model logs a page of warnings for every CropAndResize)."""
+    from tensorflow.core.protobuf import rewriter_config_pb2
+
+    cores = max(1, (os.cpu_count() or 1) // world.local_size)
+    config = tf1.ConfigProto(
+        allow_soft_placement=True, intra_op_parallelism_threads=cores, inter_op_parallelism_threads=cores
+    )
+    if not tf.config.list_physical_devices("GPU"):
+        config.graph_options.rewrite_options.memory_optimization = (
+            rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
+        )
+    return config
+
+
 def train_log_callback(images_per_step: int) -> Any:
     """Tensorpack callback (rank 0): per-epoch mean loss, s/step, images/s; stops on a non-finite loss."""
     from tensorpack.callbacks import Callback
@@ -249,11 +265,7 @@ def train(cfg: Config, paths: Paths, world: dist.World, ds: data.Dataset) -> str
             logger.info(f"loading pretrained weights from {paths.pretrained}")
             session_init = SmartInit(str(paths.pretrained))
     spe = cfg.steps_per_epoch
-    sess_config = tf1.ConfigProto(
-        allow_soft_placement=True,
-        intra_op_parallelism_threads=max(1, (os.cpu_count() or 1) // world.local_size),
-        inter_op_parallelism_threads=max(1, (os.cpu_count() or 1) // world.local_size),
-    )
+    sess_config = session_config(world)
     callbacks = [train_log_callback(world.size * cfg.images_per_rank)]
     if world.is_chief:
         callbacks.append(ModelSaver(max_to_keep=cfg.max_checkpoints, checkpoint_dir=str(paths.checkpoints)))
@@ -288,9 +300,7 @@ def evaluate(
     recs = data.records(ds, with_empty=True)
     if cfg.eval_max_images:
         recs = recs[: cfg.eval_max_images]
-    # Grappler's cost model cannot size CropAndResize and logs a page per call; inference does not need it.
-    sess_config = tf1.ConfigProto()
-    sess_config.graph_options.rewrite_options.disable_meta_optimizer = True
+    sess_config = session_config(world)
     sess_config.gpu_options.visible_device_list = str(world.local_rank)  # as HorovodTrainer does in training
     sess_config.gpu_options.allow_growth = True
     predictor = OfflinePredictor(
