@@ -103,7 +103,14 @@ def run_leader(
                 worker.send({"event": "start"})
         argv = build_mpirun_argv(plan)
         log.info("starting %d processes: %s", plan.num_processes, display(argv))
-        outcome = supervise(argv, env, code_dir, keep=[w.proc.pid for w in links], watch=watch)
+        outcome = supervise(
+            argv,
+            env,
+            code_dir,
+            keep=[w.proc.pid for w in links],
+            watch=watch,
+            tick=(lambda: [w.send({"event": "alive"}) for w in links]) if links else None,
+        )
     code, reason = conclude(job, outcome)
     for worker in links:
         worker.send({"event": "end", "exit_code": code, "reason": reason})

@@ -3,9 +3,10 @@
 The leader opens one ssh session per worker running `python -m smhvd.link PORT`. This relay connects to
 the worker's `train` over an abstract unix socket (per network namespace, named after the sshd port), prints
 `ready` (the leader's proof that the worker is up), then copies the leader's JSON-lines events to it:
-`{"event": "start"}` before mpirun starts, `{"event": "end", "exit_code": N, "reason": "..."}` when it
-ended. If the leader dies, its end of the ssh session closes (or ssh keepalives expire) and the worker sees
-the link close without an `end`: it exits at once instead of waiting forever.
+`{"event": "start"}` before mpirun starts, `{"event": "alive"}` every HEARTBEAT_INTERVAL while it runs,
+`{"event": "end", "exit_code": N, "reason": "..."}` when it ended. If the leader dies, its end of the ssh
+session closes and the worker sees the link close without an `end`: it exits at once. If the leader's host
+vanishes without closing anything, the heartbeats stop: the worker gives up after SILENCE_LIMIT seconds.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import socket
 import sys
 
 READY = b"ready\n"
+HEARTBEAT_INTERVAL = 2.0  # the leader sends {"event": "alive"} this often while the job runs
+SILENCE_LIMIT = 10.0  # a worker whose job started declares the leader lost after this long without a word
 
 
 def socket_name(port: int) -> str:

@@ -11,10 +11,12 @@ import os
 import selectors
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import link
 from .mpi_output import StderrFilter
 from .processes import cmdline, descendants, die_with_parent, reap_orphans, signal_pids
 from .signals import SignalWatch, is_stop
@@ -47,7 +49,10 @@ def supervise(
     cwd: Path,
     keep: Sequence[int] = (),
     watch: SignalWatch | None = None,
+    tick: Callable[[], object] | None = None,
+    tick_interval: float = link.HEARTBEAT_INTERVAL,
 ) -> Outcome:
+    """Run argv to its end. `tick` (the leader's heartbeat to its workers) is called every tick_interval."""
     output = StderrFilter()
     proc = subprocess.Popen(
         list(argv),
@@ -68,8 +73,13 @@ def supervise(
             sel.register(stderr_fd, selectors.EVENT_READ)
             sel.register(watch.fileno(), selectors.EVENT_READ)
             open_stream = True
+            next_tick = time.monotonic() + tick_interval
             while open_stream:
-                for key, _ in sel.select():
+                if tick is not None and time.monotonic() >= next_tick:
+                    tick()
+                    next_tick = time.monotonic() + tick_interval
+                timeout = max(0.0, next_tick - time.monotonic()) if tick is not None else None
+                for key, _ in sel.select(timeout):
                     if key.fd == stderr_fd:
                         data = os.read(stderr_fd, 65536)
                         if not data:

@@ -56,12 +56,21 @@ def _same_user(conn: socket.socket) -> bool:
 class LinkWaiter:
     """Accepts the leader's link(s) and turns their lines into a Verdict."""
 
-    def __init__(self, server: socket.socket, leader: str, start_timeout: float, watch: SignalWatch) -> None:
+    def __init__(
+        self,
+        server: socket.socket,
+        leader: str,
+        start_timeout: float,
+        watch: SignalWatch,
+        silence_limit: float = link.SILENCE_LIMIT,
+    ) -> None:
+        self.silence_limit = silence_limit
         self.server = server
         self.leader = leader
         self.start_timeout = start_timeout
         self.watch = watch
         self.started = False
+        self.last_heard = 0.0
         self.stopping_since: float | None = None
         self.buffers: dict[socket.socket, bytes] = {}
 
@@ -80,13 +89,20 @@ class LinkWaiter:
                         return verdict
 
     def _timeout(self, deadline: float) -> float | None:
+        now = time.monotonic()
         if self.stopping_since is not None:
-            return self.stopping_since + STOP_GRACE - time.monotonic()
-        return None if self.started else deadline - time.monotonic()
+            return self.stopping_since + STOP_GRACE - now
+        return self.last_heard + self.silence_limit - now if self.started else deadline - now
 
     def _timed_out(self) -> Verdict:
         if self.stopping_since is not None:
             return Verdict(EX_STOPPED, "")
+        if self.started:
+            return Verdict(
+                EX_UNAVAILABLE,
+                f"lost the leader {self.leader} during the job: no word from it for {self.silence_limit:g}s "
+                f"(leader host down or unreachable); see {self.leader}'s log",
+            )
         raise PeerError(
             f"the leader {self.leader} did not start the job within {self.start_timeout:g}s "
             f"(launcher_leader_timeout_seconds)"
@@ -121,6 +137,7 @@ class LinkWaiter:
 
     def _read(self, conn: socket.socket, sel: selectors.BaseSelector) -> Verdict | None:
         data = conn.recv(65536)
+        self.last_heard = time.monotonic()
         if not data:
             sel.unregister(conn)
             self.buffers.pop(conn, None)
@@ -136,7 +153,8 @@ class LinkWaiter:
         self.buffers[conn] = lines.pop()
         for line in lines:
             event = link.decode(line)
-            log.debug("link event: %s", event)
+            if event is not None and event["event"] != "alive":
+                log.debug("link event: %s", event)
             if event is None:
                 continue
             if event["event"] == "start":

@@ -106,3 +106,26 @@ def test_relay_without_a_waiting_launcher_fails_clearly():
     _, err = proc.communicate(timeout=10)
     assert proc.returncode == 3
     assert b"no launcher is waiting on this host" in err
+
+
+def test_heartbeats_keep_the_job_alive_and_silence_means_the_leader_is_gone(waiter):
+    """A leader host that vanishes closes nothing: the worker notices that its heartbeats stopped."""
+    w = waiter()
+    w.silence_limit = 1.0
+    thread, result = wait_in_background(w)
+    proc = relay()
+    ready(proc)
+    proc.stdin.write(link.encode({"event": "start"}))
+    proc.stdin.flush()
+    for _ in range(4):  # 2 s of heartbeats every 0.5 s: longer than the limit, but never silent
+        proc.stdin.write(link.encode({"event": "alive"}))
+        proc.stdin.flush()
+        last_word = time.monotonic()
+        thread.join(0.5)
+        assert thread.is_alive()
+    thread.join(10)  # the session stays open, but nothing more is said
+    verdict = result["verdict"]
+    assert verdict.exit_code == EX_UNAVAILABLE
+    assert verdict.reason.startswith("lost the leader algo-1 during the job: no word from it for 1s")
+    assert 0.9 < time.monotonic() - last_word < 5
+    proc.kill()
