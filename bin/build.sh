@@ -90,8 +90,11 @@ version=$(sed -n -E 's/^version[[:space:]]*=[[:space:]]*"([^"]+)".*/\1/p' "$repo
 immutable="$name:$flavor-$short"
 moving="$name:$flavor"
 
+# The labels are also given on the command line: some engines (buildah 1.28) reuse a cached LABEL step whose
+# build arguments changed, which would leave an image labelled with an older commit.
 args=(--file "$repo/docker/Dockerfile" --target "$flavor" --tag "$immutable" --tag "$moving"
-      --build-arg "VERSION=${version:-dev}" --build-arg "GIT_COMMIT=$commit")
+      --build-arg "VERSION=${version:-dev}" --build-arg "GIT_COMMIT=$commit"
+      --label "org.opencontainers.image.version=${version:-dev}" --label "org.opencontainers.image.revision=$commit")
 [ -z "$base_image" ] || args+=(--build-arg "BASE_IMAGE=$base_image")
 [ -z "$ca_pem" ] || args+=(--build-arg "EXTRA_CA_CERTS=$ca_pem")
 for arg in "${build_args[@]}"; do args+=(--build-arg "$arg"); done

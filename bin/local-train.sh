@@ -166,7 +166,10 @@ for name in channels:
     "S3DistributionType": "FullyReplicated", "RecordWrapperType": "None"} for name in channels}, indent=1))
 PY
 
-cmd=("$engine" run --rm --shm-size "$shm_size" --volume "$work:/opt/ml")
+# No --rm: with it, podman's Docker-compatible API (docker CLI -> podman) reports exit code 0 for every
+# container; the container is removed below instead, once its exit code is known.
+container="smhvd-local-train-$$-$RANDOM"
+cmd=("$engine" run --name "$container" --shm-size "$shm_size" --volume "$work:/opt/ml")
 if [ -n "$network" ]; then
   cmd+=(--network "$network")
 fi
@@ -185,6 +188,7 @@ cmd+=("${run_args[@]}" "$image" train)
 
 echo "local-train.sh: /opt/ml = $work" >&2
 echo "local-train.sh: ${cmd[*]}" >&2
+trap '"$engine" rm --force "$container" >/dev/null 2>&1 || true' EXIT
 status=0
 "${cmd[@]}" || status=$?
 if [ -s "$work/output/failure" ]; then

@@ -4,7 +4,7 @@
   build/containers by bin/daemonless-env.sh (CI=true: missing tools are apt-installed, never skipped);
 - a Debian base image made with debootstrap from the Debian mirror (bin/make-base-image.sh, cached);
 - the CPU image built FROM it by bin/build.sh (layer cache in build/containers: warm runs take seconds);
-- a local registry (the CNCF distribution registry) on 127.0.0.1:5000;
+- a local registry (the CNCF distribution registry) on a free port of 127.0.0.1;
 - podman's Docker-compatible API service, so the docker CLI and scripts written for docker run for real.
 
 Build and run durations are appended to build/images-test/timings.jsonl (figures for the README).
@@ -20,11 +20,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from .helpers import (
-    REGISTRY_ADDR,
     REPO,
     STATE,
     TOOLS,
@@ -84,23 +84,31 @@ def cpu_image(engine_env: dict[str, str], base_image: str) -> BuiltImage:
 
 @pytest.fixture(scope="session")
 def registry(engine_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real registry (docker-registry serve) on 127.0.0.1:5000, plain HTTP, empty at start."""
+    """A real registry (docker-registry serve) on 127.0.0.1, plain HTTP, empty at start.
+
+    Its port is a free one (another test run may hold 5000); podman/buildah learn that it is plain HTTP from a
+    registries.conf made here, which the session's engine environment then uses.
+    """
     with socket.socket() as s:
-        if s.connect_ex(REGISTRY_ADDR) == 0:
-            pytest.fail(
-                f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]} is already in use: stop whatever listens there"
-            )
+        s.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{s.getsockname()[1]}"
     root = tmp_path_factory.mktemp("registry")
+    registries = root / "registries.conf"
+    registries.write_text(
+        Path(engine_env["CONTAINERS_REGISTRIES_CONF"]).read_text()
+        + f'\n[[registry]]\nlocation = "{addr}"\ninsecure = true\n'
+    )
+    engine_env["CONTAINERS_REGISTRIES_CONF"] = str(registries)
     config = root / "config.yml"
     config.write_text(
         "version: 0.1\n"
         "log:\n  level: warn\n"
         f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
-        f"http:\n  addr: {REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}\n"
+        f"http:\n  addr: {addr}\n"
     )
     log = (root / "registry.log").open("w")
     proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}/v2/"
+    url = f"http://{addr}/v2/"
     no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def answers() -> bool:
@@ -115,7 +123,7 @@ def registry(engine_env: dict[str, str], tmp_path_factory: pytest.TempPathFactor
 
     try:
         wait_until(f"the registry to answer {url}", answers, timeout=30)
-        yield f"{REGISTRY_ADDR[0]}:{REGISTRY_ADDR[1]}"
+        yield addr
     finally:
         proc.terminate()
         try:

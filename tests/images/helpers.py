@@ -16,10 +16,6 @@ REPO = Path(__file__).resolve().parents[2]
 STATE = REPO / "build" / "containers"
 WORK = REPO / "build" / "images-test"
 EXTRA_CA_DIR = Path("/usr/local/share/ca-certificates")
-REGISTRY_ADDR = (
-    "127.0.0.1",
-    5000,
-)  # marked insecure (plain HTTP) in the registries.conf of daemonless-env.sh
 TOOLS = ("buildah", "podman", "skopeo", "runc", "docker-registry", "debootstrap", "shellcheck")
 IMAGE_NAME = "localhost/sagemaker-horovod-test"
 
