@@ -90,8 +90,6 @@ version=$(sed -n -E 's/^version[[:space:]]*=[[:space:]]*"([^"]+)".*/\1/p' "$repo
 immutable="$name:$flavor-$short"
 moving="$name:$flavor"
 
-# The labels are also given on the command line: some engines (buildah 1.28) reuse a cached LABEL step whose
-# build arguments changed, which would leave an image labelled with an older commit.
 args=(--file "$repo/docker/Dockerfile" --target "$flavor" --tag "$immutable" --tag "$moving"
       --build-arg "VERSION=${version:-dev}" --build-arg "GIT_COMMIT=$commit"
       --label "org.opencontainers.image.version=${version:-dev}" --label "org.opencontainers.image.revision=$commit")
@@ -116,5 +114,30 @@ esac
 echo "build.sh: $engine: building $moving ($immutable)" >&2
 start=$SECONDS
 "${cmd[@]}" >&2
+# buildah/podman 4.x reuse a fully cached image even when only the labels' build arguments changed: the image
+# would then claim an older commit. Re-label it in that case (a config change plus one empty layer).
+if [ "$engine" != docker ]; then
+  if [ "$engine" = buildah ]; then
+    label=$(buildah inspect --type image --format '{{index .OCIv1.Config.Labels "org.opencontainers.image.revision"}}' "$immutable")
+  else
+    label=$(podman image inspect --format '{{index .Labels "org.opencontainers.image.revision"}}' "$immutable")
+  fi
+  if [ "$label" != "$commit" ]; then
+    echo "build.sh: the cached image says revision '$label': re-labelling it $commit" >&2
+    if [ "$engine" = buildah ]; then
+      ctr=$(buildah from --pull-never "$immutable")
+      buildah config --label "org.opencontainers.image.revision=$commit" \
+        --label "org.opencontainers.image.version=${version:-dev}" "$ctr"
+      buildah commit -q --format docker "$ctr" "$immutable" >/dev/null
+      buildah rm "$ctr" >/dev/null
+    else
+      ctr=$(podman create "$immutable")
+      podman commit -q --format docker --change "LABEL org.opencontainers.image.revision=$commit" \
+        --change "LABEL org.opencontainers.image.version=${version:-dev}" "$ctr" "$immutable" >/dev/null
+      podman rm "$ctr" >/dev/null
+    fi
+    "$engine" tag "$immutable" "$moving"
+  fi
+fi
 echo "build.sh: built in $((SECONDS - start)) s" >&2
 printf '%s\n' "$immutable" "$moving"
