@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -290,7 +291,8 @@ def test_docker_cli_builds_and_runs_through_podman_service(
     after = json.loads(run(["podman", "image", "inspect", again.image_id], docker_env, 60).stdout)[0]
     assert len(before["RootFS"]["Layers"]) >= 5
     # The runtime and venv layers are shared; only the launcher layers may differ.
-    assert before["RootFS"]["Layers"][:-2] == after["RootFS"]["Layers"][:-2]
+    shared = len(os.path.commonprefix([before["RootFS"]["Layers"], after["RootFS"]["Layers"]]))
+    assert shared >= len(before["RootFS"]["Layers"]) - 3
     assert after["Config"]["Cmd"] == ["train"]
 
     # A failing job through the docker CLI: non-zero exit, the script's error in output/failure.
@@ -372,8 +374,11 @@ def test_rebuild_after_a_src_change_reuses_the_venv(
             "Layers"
         ]
         after = json.loads(podman(engine_env, "image", "inspect", ref))[0]["RootFS"]["Layers"]
-        assert before[:-2] == after[:-2], "a src/ change rebuilt more than the launcher layers"
-        assert before[-2:] != after[-2:]
+        # Shared: base, OS, ssh, venv, scripts, pyproject; rebuilt: the sources and the launcher install (a
+        # re-label by bin/build.sh may add one empty layer at the end).
+        shared = len(os.path.commonprefix([before, after]))
+        assert shared >= len(before) - 3, "a src/ change rebuilt more than the launcher layers"
+        assert before != after
     finally:
         subprocess.run(
             ["podman", "rmi", "--force", *proc.stdout.split()],
