@@ -25,7 +25,7 @@ setup: $(SETUP_STAMP) ## install system packages and the .venv (Open MPI, sshd, 
 demo: setup ## README command 1: Horovod Keras MNIST, 2 processes through `train`, prints test accuracy
 	$(PY) -m smhvd.demo --processes 2
 
-test: setup ## README command 2: every test tier (unit, integration, cluster, images)
+test: setup lint ## README command 2: lint, then every test tier (unit, integration, cluster, images)
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests
 
 test-fast: setup ## unit tests only (seconds)
@@ -33,10 +33,10 @@ test-fast: setup ## unit tests only (seconds)
 
 lint: setup ## ruff, mypy (strict), shellcheck, hadolint
 	command -v shellcheck >/dev/null || { apt-get update -qq && apt-get install -y -qq shellcheck; }
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/mypy src/smhvd
-	shellcheck -x bin/*.sh .ci/run
+	shellcheck -x bin/*.sh .ci/run docker/scripts/*.sh
 	$(VENV)/bin/hadolint $(wildcard docker/Dockerfile*)
 
 bench-launcher: setup ## launcher overhead: train start -> rank 0 start, script end -> train exit (np=2, one host)
