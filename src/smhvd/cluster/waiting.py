@@ -1,12 +1,12 @@
-"""The single waiting helper: a deadline, a backoff, and a message naming what was waited for."""
+"""The cluster tool's waits: the launcher's one bounded wait (smhvd.waiting), raising ClusterError."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from smhvd.cluster.errors import ClusterError
+from smhvd.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -20,14 +20,12 @@ def wait_for(
     max_delay: float = 0.25,
 ) -> T:
     """Call ``check`` until it returns something other than None; raise ClusterError after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    delay = first_delay
-    while True:
-        result = check()
-        if result is not None:
-            return result
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise ClusterError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(min(delay, remaining))
-        delay = min(delay * 2, max_delay)
+    return wait_until(
+        check,
+        what=what,
+        timeout=timeout,
+        initial=first_delay,
+        maximum=max_delay,
+        factor=2.0,
+        error=ClusterError,
+    )
