@@ -36,7 +36,7 @@ lint: setup ## ruff, mypy (strict), shellcheck, hadolint
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/mypy src/smhvd
-	shellcheck -x bin/*.sh .ci/run docker/scripts/*.sh
+	shellcheck -x bin/*.sh bin/lib/*.sh .ci/run docker/scripts/*.sh
 	$(VENV)/bin/hadolint $(wildcard docker/Dockerfile*)
 
 bench-launcher: setup ## launcher overhead: train start -> rank 0 start, script end -> train exit (np=2, one host)

@@ -47,16 +47,9 @@ while [ $# -gt 0 ]; do
 done
 [ "${#images[@]}" -gt 0 ] || { usage >&2; die "no image to push"; }
 
-if [ -z "$engine" ]; then
-  for candidate in docker podman buildah; do
-    if command -v "$candidate" >/dev/null; then engine=$candidate; break; fi
-  done
-  [ -n "$engine" ] || die "no container engine found (install docker, podman or buildah, or pass --engine)"
-fi
-case "$engine" in
-  docker|podman|buildah) command -v "$engine" >/dev/null || die "--engine $engine: $engine is not installed" ;;
-  *) die "--engine must be docker, podman or buildah, not '$engine'" ;;
-esac
+# shellcheck source=bin/lib/engine.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/engine.sh"
+pick_engine
 
 # NAME:TAG -> (name without registry host, tag). A first component with a dot, a colon or "localhost" is a host.
 split_ref() {
