@@ -9,15 +9,16 @@ set -euo pipefail
 usage() {
   cat <<USAGE
 usage: $(basename "$0") [--install] [--export] [STATE_DIR]
-  STATE_DIR  where configuration and image storage live (default: <repo>/build/containers)
+  STATE_DIR  where configuration and image storage live (default: \$SMHVD_CONTAINERS_DIR, else
+             \${XDG_CACHE_HOME:-~/.cache}/smhvd/containers: one layer cache per machine, shared by every
+             checkout, so a fresh clone reuses the layers a previous build made)
   --install  apt-get install the missing tools first (buildah podman skopeo runc docker-registry debootstrap
              shellcheck); needs root
   --export   print 'export KEY=VALUE' lines (for eval) instead of KEY=VALUE
 USAGE
 }
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-state="$repo/build/containers"
+state=${SMHVD_CONTAINERS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/smhvd/containers}
 install=0
 prefix=""
 while [ $# -gt 0 ]; do

@@ -12,17 +12,16 @@ usage: $(basename "$0") [--suite SUITE] [--mirror URL] [--tag IMAGE] [--cache DI
   --mirror  Debian mirror (default: the first deb.debian.org-style URI in /etc/apt/sources*, else
             http://deb.debian.org/debian)
   --tag     image name (default localhost/debian:SUITE)
-  --cache   where the rootfs tarball is kept (default <repo>/build/base-image)
+  --cache   where the rootfs tarball is kept (default \${XDG_CACHE_HOME:-~/.cache}/smhvd/base-image)
   --force   rebuild the rootfs even if cached
 env: the podman configuration (see bin/daemonless-env.sh)
 USAGE
 }
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 suite=bookworm
 mirror=""
 tag=""
-cache="$repo/build/base-image"
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/smhvd/base-image
 force=0
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -40,11 +40,11 @@ local-train: ## run IMAGE as a one-host SageMaker job on a fresh /opt/ml (LOCAL_
 base-image: ## debootstrap a Debian bookworm base image into podman's store (localhost/debian:bookworm)
 	eval "$$(bash bin/daemonless-env.sh --export $(if $(CI),--install))"; bash bin/make-base-image.sh
 
-test-images: setup ## the image tier only: CPU image build, run, push/pull, docker CLI (cold ~20 min, warm ~3 min)
+test-images: setup ## the image tier only: CPU and GPU builds, run, push/pull, docker CLI (SMHVD_SKIP_GPU_IMAGE=1: CPU only)
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests/images
 
-test-images-gpu: setup ## build and check the GPU image (about 4 GB of NVIDIA wheels; cold ~25 min)
-	SMHVD_TEST_GPU_IMAGE=1 $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests/images/test_gpu_image.py
+test-images-gpu: setup ## build and check the GPU image only (about 4 GB of NVIDIA wheels)
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests/images/test_gpu_image.py
 
 lint-images: setup ## shellcheck the image scripts, hadolint the Dockerfile
 	shellcheck bin/build.sh bin/push.sh bin/local-train.sh bin/make-base-image.sh bin/daemonless-env.sh docker/scripts/*.sh

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-STATE = REPO / "build" / "containers"
 WORK = REPO / "build" / "images-test"
 EXTRA_CA_DIR = Path("/usr/local/share/ca-certificates")
 TOOLS = ("buildah", "podman", "skopeo", "runc", "docker-registry", "debootstrap", "shellcheck")
