@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -55,6 +56,15 @@ if hvd.rank() == 0:
 """
 
 
+# The MNIST reference script's loader, inside the image, on the data embedded in it (no channel given).
+EMBEDDED_DATA = """
+import mnist_data
+for name in mnist_data.DATASETS:
+    train, test = mnist_data.load(mnist_data.resolve_source(name, {}))
+    print(name, len(train.labels), len(test.labels))
+"""
+
+
 def podman(env: dict[str, str], *args: str, timeout: float = 600) -> str:
     return run(["podman", *args], env, timeout).stdout
 
@@ -88,7 +98,8 @@ def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: 
 
     probe = (
         "set -e; command -v train; command -v smhvd-train; test -d /run/sshd; ls /opt/smhvd/scripts;"
-        " ls /etc/ssh/ssh_host_ed25519_key; passwd -S root; horovodrun --check-build; train --help"
+        " ls /etc/ssh/ssh_host_ed25519_key; passwd -S root; horovodrun --check-build; train --help;"
+        f" cd /opt/smhvd/scripts/mnist && python -c {shlex.quote(EMBEDDED_DATA)}"
     )
     out = podman(engine_env, "run", "--rm", "--network", "none", cpu_image.immutable, "bash", "-c", probe)
     assert "/opt/venv/bin/train" in out
@@ -96,6 +107,9 @@ def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: 
     assert "root L " in out  # no password can log in
     for built in ("TensorFlow", "MPI", "Gloo"):
         assert f"[X] {built}" in out, out
+    # Both datasets of the MNIST reference script are in the image: a job needs no data channel.
+    assert "mnist 60000 10000" in out, out
+    assert "fashion_mnist 60000 10000" in out, out
 
 
 def test_ssh_between_containers_of_the_image_is_key_only(
