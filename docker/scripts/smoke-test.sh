@@ -1,31 +1,50 @@
 #!/usr/bin/env bash
-# End-of-build smoke test: the launcher is on PATH, the stack imports, and Horovod reports the frameworks,
-# controllers (and, for gpu, the NCCL operations) it was built with.
+# End-of-build smoke tests, in two parts so that a src/ change re-runs only the quick one:
+#   stack cpu|gpu  right after the venv lands in the runtime image: the stack imports there (its run-time libraries
+#                  are present), MPI and SSH are on PATH, and Horovod reports the frameworks and controllers (and,
+#                  for gpu, the NCCL operations) it was built with;
+#   launcher       after the launcher is installed: `train` and `smhvd-train` are on PATH and start.
 #
-# usage: smoke-test.sh cpu|gpu
+# usage: smoke-test.sh stack cpu|gpu | smoke-test.sh launcher
 set -euo pipefail
 
-flavor=${1:?usage: smoke-test.sh cpu|gpu}
-required=(TensorFlow MPI Gloo)
-case "$flavor" in
-  cpu) ;;
-  gpu) required+=(NCCL) ;;
-  *) echo "smoke-test: flavor must be cpu or gpu, not '$flavor'" >&2; exit 2 ;;
-esac
+usage="usage: smoke-test.sh stack cpu|gpu | smoke-test.sh launcher"
 
-for cmd in train smhvd-train mpirun sshd ssh horovodrun; do
-  if ! command -v "$cmd" >/dev/null; then
-    echo "smoke-test: $cmd is not on PATH ($PATH)" >&2
-    exit 1
-  fi
-done
-python -c 'import smhvd, horovod.tensorflow, tensorpack, mpi4py, cv2, pycocotools, sagemaker_training'
-report=$(horovodrun --check-build)
-echo "$report"
-for item in "${required[@]}"; do
-  if ! grep -q -E "\[X\] $item\$" <<<"$report"; then
-    echo "smoke-test: Horovod was not built with $item" >&2
-    exit 1
-  fi
-done
-echo "smoke-test: $flavor image OK"
+on_path() {
+  local cmd
+  for cmd in "$@"; do
+    if ! command -v "$cmd" >/dev/null; then
+      echo "smoke-test: $cmd is not on PATH ($PATH)" >&2
+      exit 1
+    fi
+  done
+}
+
+case "${1:-}" in
+  stack)
+    required=(TensorFlow MPI Gloo)
+    case "${2:-}" in
+      cpu) ;;
+      gpu) required+=(NCCL) ;;
+      *) echo "smoke-test: flavor must be cpu or gpu, not '${2:-}'" >&2; exit 2 ;;
+    esac
+    on_path mpirun sshd ssh horovodrun
+    python -c 'import horovod.tensorflow, tensorpack, mpi4py.MPI, cv2, pycocotools.mask, sagemaker_training'
+    report=$(horovodrun --check-build)
+    echo "$report"
+    for item in "${required[@]}"; do
+      if ! grep -q -E "\[X\] $item\$" <<<"$report"; then
+        echo "smoke-test: Horovod was not built with $item" >&2
+        exit 1
+      fi
+    done
+    echo "smoke-test: $2 stack OK"
+    ;;
+  launcher)
+    on_path train smhvd-train
+    train --help >/dev/null
+    smhvd-train --help >/dev/null
+    echo "smoke-test: launcher OK"
+    ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
