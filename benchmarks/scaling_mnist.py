@@ -8,6 +8,11 @@ Target: np=2 >= 1.6x np=1 on 2 cores. The 2 simulated hosts share the same 2 cor
 multi-host path's cost (TCP instead of shared memory, each host's launcher sizing threads for 2 cores),
 not what 2 real instances would give.
 
+A fourth row, not a launcher default, runs np=1 with one TensorFlow thread (set through
+sagemaker_mpi_custom_mpi_options), as each rank of np=2 has. Every row also shows the cores the ranks kept busy
+(each rank's process CPU time over the same steps, all threads) and images per CPU-second: 2 cores x the
+single-thread rank's images per CPU-second bounds what np=2 can reach on 2 cores.
+
     .venv/bin/python benchmarks/scaling_mnist.py [--epochs 3] [--steps 300] [--repeats 1]
 """
 
@@ -18,6 +23,7 @@ import csv
 import json
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from cluster_common import reset_outputs, say, table
@@ -28,9 +34,15 @@ from smhvd.cluster.spec import resource_config
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT_DIR = REPO / "src" / "scripts" / "mnist"
 CONFIGS = (("np=1 (1 host)", 1, 1), ("np=2 (1 host)", 1, 2), ("2 hosts x 1", 2, 1))
+# Not a launcher default: one rank on one TensorFlow thread, i.e. what each rank of np=2 gets. Twice this
+# figure is the most np=2 can reach on 2 cores even with a free allreduce.
+ONE_THREAD = ("np=1, 1 TF thread (reference)", 1, 1)
+ONE_THREAD_OPTIONS = "-x TF_NUM_INTRAOP_THREADS=1 -x TF_NUM_INTEROP_THREADS=1 -x OMP_NUM_THREADS=1"
 
 
-def configure(cluster: Cluster, hosts: int, per_host: int, epochs: int, steps: int) -> None:
+def configure(
+    cluster: Cluster, hosts: int, per_host: int, epochs: int, steps: int, mpi_options: str = ""
+) -> None:
     names = cluster.spec.host_names[:hosts]
     for host in cluster.spec.host_names:
         config = cluster.ml_dir(host) / "input" / "config"
@@ -42,13 +54,32 @@ def configure(cluster: Cluster, hosts: int, per_host: int, epochs: int, steps: i
             epochs=str(epochs),
             steps_per_epoch=str(steps),
         )
+        if mpi_options:
+            hyperparameters["sagemaker_mpi_custom_mpi_options"] = json.dumps(mpi_options)
+        else:
+            hyperparameters.pop("sagemaker_mpi_custom_mpi_options", None)
         (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
 
 
-def images_per_second(cluster: Cluster) -> float:
+@dataclass(frozen=True)
+class Throughput:
+    images_per_sec: float  # all ranks
+    cores_busy: float  # all ranks (rank 0's busy cores x ranks: the ranks do the same work)
+
+    @property
+    def images_per_cpu_second(self) -> float:
+        return self.images_per_sec / self.cores_busy
+
+
+def throughput(cluster: Cluster, ranks: int) -> Throughput:
+    """Medians over the epochs after the first, from rank 0's history.csv."""
     with (cluster.ml_dir("algo-1") / "output" / "data" / "history.csv").open() as stream:
         rows = list(csv.DictReader(stream))
-    return statistics.median(float(row["images_per_sec"]) for row in rows[1:] or rows)
+    rows = rows[1:] or rows
+    return Throughput(
+        images_per_sec=statistics.median(float(row["images_per_sec"]) for row in rows),
+        cores_busy=ranks * statistics.median(float(row["rank_cpu_cores"]) for row in rows),
+    )
 
 
 def main() -> int:
@@ -57,7 +88,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300, help="steps per epoch (per rank)")
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
-    measured: dict[str, list[float]] = {name: [] for name, _, _ in CONFIGS}
+    runs = [(config, "") for config in CONFIGS] + [(ONE_THREAD, ONE_THREAD_OPTIONS)]
+    measured: dict[str, list[Throughput]] = {name: [] for (name, _, _), _ in runs}
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
         spec = ClusterSpec(
             hosts=2,
@@ -67,22 +99,47 @@ def main() -> int:
         )
         with Cluster(spec) as cluster:
             for _ in range(args.repeats):
-                for name, hosts, per_host in CONFIGS:
+                for (name, hosts, per_host), mpi_options in runs:
                     reset_outputs(cluster)
-                    configure(cluster, hosts, per_host, args.epochs, args.steps)
+                    configure(cluster, hosts, per_host, args.epochs, args.steps, mpi_options)
                     down = cluster.spec.host_names[hosts:]
                     results = cluster.run(["train"], down=down, timeout=900)
                     if any(results[host].exit_code != 0 for host in cluster.spec.host_names[:hosts]):
                         raise ClusterError(f"{name}: training failed; see {results['algo-1'].log}")
-                    measured[name].append(images_per_second(cluster))
-                    say(f"{name}: {measured[name][-1]:.0f} images/s")
-    base = statistics.median(measured[CONFIGS[0][0]])
-    rows = [["configuration", "images/s (median)", "runs", "ratio to np=1"]]
+                    log = results["algo-1"].log
+                    if mpi_options and "TensorFlow threads intra=1 inter=1" not in Path(log).read_text():
+                        raise ClusterError(f"{name}: the rank ran with more than one TF thread; see {log}")
+                    measured[name].append(throughput(cluster, hosts * per_host))
+                    say(f"{name}: {measured[name][-1]}")
+    return report(measured, args.epochs, args.steps)
+
+
+def report(measured: dict[str, list[Throughput]], epochs: int, steps: int) -> int:
+    def median(name: str, field: str) -> float:
+        return statistics.median(getattr(t, field) for t in measured[name])
+
+    base = median(CONFIGS[0][0], "images_per_sec")
+    rows = [["configuration", "images/s (median)", "runs", "ratio to np=1", "cores busy", "images/CPU-s"]]
     for name, values in measured.items():
-        value = statistics.median(values)
-        rows.append([name, f"{value:.0f}", " ".join(f"{v:.0f}" for v in values), f"{value / base:.2f}"])
-    say(f"\nMNIST CNN, batch 64 per rank, {args.epochs} epochs x {args.steps} steps, launcher defaults")
+        value = median(name, "images_per_sec")
+        rows.append(
+            [
+                name,
+                f"{value:.0f}",
+                " ".join(f"{t.images_per_sec:.0f}" for t in values),
+                f"{value / base:.2f}",
+                f"{median(name, 'cores_busy'):.2f}",
+                f"{median(name, 'images_per_cpu_second'):.0f}",
+            ]
+        )
+    # What np=2 could reach if every core ran at the CPU efficiency of one single-thread rank.
+    bound = 2 * median(ONE_THREAD[0], "images_per_cpu_second")
+    say(f"\nMNIST CNN, batch 64 per rank, {epochs} epochs x {steps} steps, launcher defaults")
     say(table(rows))
+    say(
+        f"2 cores x images/CPU-s of one single-thread rank: {bound:.0f} images/s = {bound / base:.2f}x np=1"
+        " (the most np=2 can reach unless Horovod made each image cheaper)"
+    )
     return 0
 
 

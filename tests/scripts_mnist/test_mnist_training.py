@@ -62,6 +62,8 @@ def test_two_ranks_learn_mnist_and_rank_0_alone_writes_one_model(job: Job) -> No
     assert [metric_line.split()[0] for metric_line in lines] == ["epoch=1", "epoch=2"]
     for line in lines:
         assert metric("train:images_per_sec", line) > 0
+        # A rank's busy cores while it trained: some CPU, and no more than the machine has.
+        assert 0 < metric("train:rank_cpu_cores", line) <= len(os.sched_getaffinity(0)) + 0.05
         assert 0.5 < metric("validation:accuracy", line) <= 1.0
     final = result.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"test_accuracy=0\.\d{4} test_loss=\d+\.\d{4}", final)

@@ -182,6 +182,7 @@ ROW = {
     "images_per_sec": 9412.3,
     "epoch_seconds": 7.25,
     "learning_rate": 0.002,
+    "rank_cpu_cores": 0.97,
 }
 
 
@@ -198,6 +199,7 @@ def test_metric_definitions_extract_each_value_from_the_epoch_line() -> None:
         "validation:loss": pytest.approx(4.5e-05),
         "validation:accuracy": pytest.approx(0.9912),
         "train:images_per_sec": pytest.approx(9412.3),
+        "train:rank_cpu_cores": pytest.approx(0.97),
         "test:accuracy": pytest.approx(0.9912, abs=1e-4),
         "test:loss": pytest.approx(0.0301),
     }

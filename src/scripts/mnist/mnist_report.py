@@ -24,6 +24,7 @@ EPOCH_FIELDS = (
     "images_per_sec",
     "epoch_seconds",
     "learning_rate",
+    "rank_cpu_cores",
 )
 
 METRIC_DEFINITIONS = (
@@ -32,6 +33,7 @@ METRIC_DEFINITIONS = (
     {"Name": "validation:loss", "Regex": r"val_loss=([0-9.eE+-]+)"},
     {"Name": "validation:accuracy", "Regex": r"val_accuracy=([0-9.]+)"},
     {"Name": "train:images_per_sec", "Regex": r"images_per_sec=([0-9.]+)"},
+    {"Name": "train:rank_cpu_cores", "Regex": r"rank_cpu_cores=([0-9.]+)"},
     {"Name": "test:accuracy", "Regex": r"test_accuracy=([0-9.]+)"},
     {"Name": "test:loss", "Regex": r"test_loss=([0-9.eE+-]+)"},
 )

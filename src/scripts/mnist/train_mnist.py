@@ -406,19 +406,25 @@ def make_epoch_reporter(tf: Any) -> Any:
             self.log = log
             self.after_progress_bar = after_progress_bar
             self.epoch_started = 0.0
+            self.epoch_cpu_started = 0.0
             self.train_seconds: float | None = None
+            self.train_cpu_seconds: float | None = None
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.epoch_started = time.monotonic()
+            self.epoch_cpu_started = time.process_time()  # CPU time of every thread of this rank
             self.train_seconds = None
+            self.train_cpu_seconds = None
 
         def on_test_begin(self, logs: Any = None) -> None:  # validation starts: the training steps are over
             if self.train_seconds is None:
                 self.train_seconds = time.monotonic() - self.epoch_started
+                self.train_cpu_seconds = time.process_time() - self.epoch_cpu_started
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             logs = logs or {}
             seconds = self.train_seconds or time.monotonic() - self.epoch_started
+            cpu_seconds = self.train_cpu_seconds or time.process_time() - self.epoch_cpu_started
             row = {
                 "epoch": epoch + 1,
                 "train_loss": float(logs["loss"]),
@@ -428,6 +434,8 @@ def make_epoch_reporter(tf: Any) -> Any:
                 "images_per_sec": round(self.images_per_step * self.steps_per_epoch / seconds, 1),
                 "epoch_seconds": round(time.monotonic() - self.epoch_started, 3),
                 "learning_rate": float(self.schedule(self.model.optimizer.iterations)),
+                # Cores this rank kept busy during the training steps (TensorFlow, Python, tf.data, Horovod).
+                "rank_cpu_cores": round(cpu_seconds / seconds, 2),
             }
             self.history.append(row)
             # A progress bar leaves its line open: start the metric line on a line of its own.
