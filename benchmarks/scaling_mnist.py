@@ -9,9 +9,9 @@ multi-host path's cost (TCP instead of shared memory, each host's launcher sizin
 not what 2 real instances would give.
 
 A fourth row, not a launcher default, runs np=1 with one TensorFlow thread (set through
-sagemaker_mpi_custom_mpi_options), as each rank of np=2 has. Every row also shows the cores the ranks kept busy
-(each rank's process CPU time over the same steps, all threads) and images per CPU-second: 2 cores x the
-single-thread rank's images per CPU-second bounds what np=2 can reach on 2 cores.
+sagemaker_mpi_custom_mpi_options), as each rank of np=2 has. Every row also shows the cores the ranks kept
+busy (each rank's process CPU time over the same steps, all threads) and images per CPU-second: 2 cores x
+the single-thread rank's images per CPU-second bounds what np=2 can reach on 2 cores.
 
     .venv/bin/python benchmarks/scaling_mnist.py [--epochs 3] [--steps 300] [--repeats 1]
 """
