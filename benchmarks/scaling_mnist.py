@@ -34,8 +34,8 @@ from smhvd.cluster.spec import resource_config
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT_DIR = REPO / "src" / "scripts" / "mnist"
 CONFIGS = (("np=1 (1 host)", 1, 1), ("np=2 (1 host)", 1, 2), ("2 hosts x 1", 2, 1))
-# Not a launcher default: one rank on one TensorFlow thread, i.e. what each rank of np=2 gets. Twice this
-# figure is the most np=2 can reach on 2 cores even with a free allreduce.
+# Not a launcher default: one rank on one TensorFlow thread, i.e. what each rank of np=2 gets. Its images per
+# CPU-second, on 2 cores, bound what np=2 can reach even with a free allreduce.
 ONE_THREAD = ("np=1, 1 TF thread (reference)", 1, 1)
 ONE_THREAD_OPTIONS = "-x TF_NUM_INTRAOP_THREADS=1 -x TF_NUM_INTEROP_THREADS=1 -x OMP_NUM_THREADS=1"
 

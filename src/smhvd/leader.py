@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -75,6 +76,12 @@ def conclude(job: Job, outcome: Outcome) -> tuple[int, str]:
     return outcome.exit_code, reason
 
 
+def tell_all(links: Sequence[WorkerLink], event: dict[str, object]) -> None:
+    """One event to every worker's link (a link that broke is the worker's problem: it exits on its own)."""
+    for worker in links:
+        worker.send(event)
+
+
 def run_leader(
     job: Job, program: Sequence[str], env: Mapping[str, str], run_dir: Path, code_dir: Path
 ) -> int:
@@ -99,8 +106,7 @@ def run_leader(
                 job.settings.launcher.peer_timeout,
                 watch.stop_requested,
             )
-            for worker in links:
-                worker.send({"event": "start"})
+            tell_all(links, {"event": "start"})
         argv = build_mpirun_argv(plan)
         log.info("starting %d processes: %s", plan.num_processes, display(argv))
         outcome = supervise(
@@ -109,11 +115,10 @@ def run_leader(
             code_dir,
             keep=[w.proc.pid for w in links],
             watch=watch,
-            tick=(lambda: [w.send({"event": "alive"}) for w in links]) if links else None,
+            tick=functools.partial(tell_all, links, {"event": "alive"}) if links else None,
         )
     code, reason = conclude(job, outcome)
-    for worker in links:
-        worker.send({"event": "end", "exit_code": code, "reason": reason})
+    tell_all(links, {"event": "end", "exit_code": code, "reason": reason})
     for worker in links:
         worker.close()
     return code

@@ -64,11 +64,11 @@ class LinkWaiter:
         watch: SignalWatch,
         silence_limit: float = link.SILENCE_LIMIT,
     ) -> None:
-        self.silence_limit = silence_limit
         self.server = server
         self.leader = leader
         self.start_timeout = start_timeout
         self.watch = watch
+        self.silence_limit = silence_limit
         self.started = False
         self.last_heard = 0.0
         self.stopping_since: float | None = None
@@ -153,10 +153,10 @@ class LinkWaiter:
         self.buffers[conn] = lines.pop()
         for line in lines:
             event = link.decode(line)
-            if event is not None and event["event"] != "alive":
-                log.debug("link event: %s", event)
             if event is None:
                 continue
+            if event["event"] != "alive":  # heartbeats every 2 s would drown the debug log
+                log.debug("link event: %s", event)
             if event["event"] == "start":
                 self.started = True
                 log.info("job started by %s", self.leader)

@@ -24,6 +24,7 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -383,6 +384,22 @@ def make_warmup_schedule(tf: Any) -> Any:
     return WarmupSchedule
 
 
+@dataclass(frozen=True)
+class Clocks:
+    """Wall seconds and this process's CPU seconds (every thread: TensorFlow, Python, tf.data, Horovod)."""
+
+    wall: float
+    cpu: float
+
+    @staticmethod
+    def now() -> Clocks:
+        return Clocks(time.monotonic(), time.process_time())
+
+    def elapsed(self) -> Clocks:
+        now = Clocks.now()
+        return Clocks(now.wall - self.wall, now.cpu - self.cpu)
+
+
 def make_epoch_reporter(tf: Any) -> Any:
     """A callback that times each epoch's training steps, records the averaged metrics and reports them."""
 
@@ -405,26 +422,21 @@ def make_epoch_reporter(tf: Any) -> Any:
             self.on_epoch = on_epoch
             self.log = log
             self.after_progress_bar = after_progress_bar
-            self.epoch_started = 0.0
-            self.epoch_cpu_started = 0.0
-            self.train_seconds: float | None = None
-            self.train_cpu_seconds: float | None = None
+            self.epoch_started = Clocks(0.0, 0.0)
+            self.training: Clocks | None = None  # the training steps' share of the epoch
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            self.epoch_started = time.monotonic()
-            self.epoch_cpu_started = time.process_time()  # CPU time of every thread of this rank
-            self.train_seconds = None
-            self.train_cpu_seconds = None
+            self.epoch_started = Clocks.now()
+            self.training = None
 
         def on_test_begin(self, logs: Any = None) -> None:  # validation starts: the training steps are over
-            if self.train_seconds is None:
-                self.train_seconds = time.monotonic() - self.epoch_started
-                self.train_cpu_seconds = time.process_time() - self.epoch_cpu_started
+            if self.training is None:
+                self.training = self.epoch_started.elapsed()
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             logs = logs or {}
-            seconds = self.train_seconds or time.monotonic() - self.epoch_started
-            cpu_seconds = self.train_cpu_seconds or time.process_time() - self.epoch_cpu_started
+            training = self.training or self.epoch_started.elapsed()
+            seconds = training.wall
             row = {
                 "epoch": epoch + 1,
                 "train_loss": float(logs["loss"]),
@@ -432,10 +444,10 @@ def make_epoch_reporter(tf: Any) -> Any:
                 "val_loss": float(logs["val_loss"]),
                 "val_accuracy": float(logs["val_accuracy"]),
                 "images_per_sec": round(self.images_per_step * self.steps_per_epoch / seconds, 1),
-                "epoch_seconds": round(time.monotonic() - self.epoch_started, 3),
+                "epoch_seconds": round(self.epoch_started.elapsed().wall, 3),
                 "learning_rate": float(self.schedule(self.model.optimizer.iterations)),
                 # Cores this rank kept busy during the training steps (TensorFlow, Python, tf.data, Horovod).
-                "rank_cpu_cores": round(cpu_seconds / seconds, 2),
+                "rank_cpu_cores": round(training.cpu / seconds, 2),
             }
             self.history.append(row)
             # A progress bar leaves its line open: start the metric line on a line of its own.
