@@ -109,11 +109,14 @@ class HostProcess:
 
     def _wait_exit(self) -> None:
         self.popen.wait()
-        self.ended = time.time()
+        ended = time.time()
         if self._end_host_on_exit:
             survivors = [pid for pid in self.host.processes() if procfs.is_alive(pid)]
             self.left_running = tuple(" ".join(procfs.command_line(pid)) for pid in survivors)
             self.host.kill_processes()
+        # Only now is the host quiet: `running` must not turn false before the clean-up above, or the next
+        # command started on this host could be caught by it (and killed).
+        self.ended = ended
         if self._exited is not None:
             self._exited.set()
 
