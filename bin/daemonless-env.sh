@@ -10,7 +10,7 @@ usage() {
   cat <<USAGE
 usage: $(basename "$0") [--install] [--export] [STATE_DIR]
   STATE_DIR  where configuration and image storage live (default: \$SMHVD_CONTAINERS_DIR, else
-             \${XDG_CACHE_HOME:-~/.cache}/smhvd/containers: one layer cache per machine, shared by every
+             \${XDG_CACHE_HOME:-~/.cache}/smhvd/containers-netavark: one layer cache per machine, shared by every
              checkout, so a fresh clone reuses the layers a previous build made)
   --install  apt-get install the missing tools first (buildah podman skopeo runc docker-registry debootstrap
              shellcheck); needs root
@@ -18,7 +18,9 @@ usage: $(basename "$0") [--install] [--export] [STATE_DIR]
 USAGE
 }
 
-state=${SMHVD_CONTAINERS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/smhvd/containers}
+# The directory name carries the network backend: podman keeps the backend it first ran with in its store, so
+# a store made with CNI (earlier versions of this script) is left alone rather than half-switched.
+state=${SMHVD_CONTAINERS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/smhvd/containers-netavark}
 install=0
 prefix=""
 while [ $# -gt 0 ]; do
@@ -33,7 +35,10 @@ while [ $# -gt 0 ]; do
 done
 
 tools=(buildah podman skopeo runc docker-registry debootstrap shellcheck)
-packages=(buildah podman skopeo runc docker-registry debootstrap shellcheck uidmap containernetworking-plugins)
+# netavark + aardvark-dns: containers on one network resolve each other's aliases (algo-1, algo-2...), as on
+# SageMaker and in the SDK's local mode; the CNI backend resolves no aliases.
+packages=(buildah podman skopeo runc docker-registry debootstrap shellcheck uidmap containernetworking-plugins
+  netavark aardvark-dns)
 if [ "$install" = 1 ]; then
   missing=()
   for p in "${packages[@]}"; do
@@ -43,8 +48,10 @@ if [ "$install" = 1 ]; then
   done
   if [ "${#missing[@]}" -gt 0 ]; then
     echo "daemonless-env: apt-get install ${missing[*]}" >&2
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+    # Another apt run (e.g. make setup in parallel) holds the dpkg lock for a while: wait for it, bounded.
+    apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+      "${missing[@]}" >&2
   fi
 fi
 for t in "${tools[@]}"; do
@@ -67,6 +74,9 @@ default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
+
+[network]
+network_backend = "netavark"
 CONF
 
 # overlay is 3-4x faster than vfs for multi-GB layers and stores a third of the bytes.

@@ -47,8 +47,10 @@ if [ "$do_apt" = 1 ]; then
   done
   if [ "${#missing[@]}" -gt 0 ]; then
     echo "setup: apt-get install ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    # Bounded wait for a dpkg lock held by another apt run (e.g. the image tools installing in parallel).
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+      "${missing[@]}"
   fi
 fi
 

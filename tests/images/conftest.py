@@ -1,8 +1,8 @@
 """Fixtures of the image tier: everything real, no Docker engine needed.
 
 - a daemonless container toolchain (buildah/podman + runc, overlay storage) configured privately by
-  bin/daemonless-env.sh, its layer store in the machine's cache (~/.cache/smhvd/containers, shared by every
-  checkout; CI=true: missing tools are apt-installed, never skipped);
+  bin/daemonless-env.sh, its layer store in the machine's cache (~/.cache/smhvd/containers-netavark, shared
+  by every checkout; CI=true: missing tools are apt-installed, never skipped);
 - a Debian base image made with debootstrap from the Debian mirror (bin/make-base-image.sh, cached);
 - the CPU and GPU images built FROM it by bin/build.sh (warm layer cache: a rebuild takes seconds);
 - a local registry (the CNCF distribution registry) on a free port of 127.0.0.1;
@@ -182,3 +182,20 @@ def docker_env(engine_env: dict[str, str]) -> Iterator[dict[str, str]]:
             proc.wait()
         log.close()
         sock.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def podman_network(engine_env: dict[str, str]) -> Iterator[str]:
+    """A podman bridge network of its own (aardvark-dns resolves --network-alias names); removed after."""
+    name = f"smhvd-test-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    run(["podman", "network", "create", name], engine_env, 60)
+    try:
+        yield name
+    finally:
+        subprocess.run(
+            ["podman", "network", "rm", "--force", name],
+            env=engine_env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
