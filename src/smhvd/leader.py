@@ -13,7 +13,7 @@ from . import failure
 from .errors import EX_STOPPED
 from .hostfile import render_hostfile
 from .job import Job
-from .mpi_command import MpiPlan, build_mpirun_argv, display, forwarded_names
+from .mpi_command import MpiPlan, build_mpirun_argv, display, env_mca_keys, forwarded_names
 from .mpi_output import parse_mpirun_verdict
 from .peers import WorkerLink, connect_all
 from .signals import SignalWatch
@@ -45,6 +45,7 @@ def plan_for(
         set_env=tuple(set_env),
         custom_options=job.settings.mpi.custom_options,
         drop_defaults=job.settings.mpi.drop_defaults,
+        env_mca=env_mca_keys(env),
     )
 
 

@@ -1,8 +1,11 @@
 """The mpirun command line: a pure function from a typed plan to an argv list.
 
-Defaults are named. A user option in `sagemaker_mpi_custom_mpi_options` that sets the same thing
-(`--mca KEY V`, `--bind-to`, `--map-by`, `-x NAME=V`) replaces the default instead of repeating it
-(Open MPI rejects an MCA parameter given twice); `launcher_drop_mpi_defaults` removes defaults by name.
+Defaults are named. A user option in `sagemaker_mpi_custom_mpi_options` (or an `OMPI_MCA_<key>` variable in
+the job's environment) that sets the same thing as a default, or a thing Open MPI refuses beside it,
+replaces the default instead of contradicting it: `--mca btl_tcp_if_exclude lo` drops our
+`btl_tcp_if_include` (Open MPI accepts only one of the two, and with both the ranks cannot reach each
+other), `--rankfile` or `--npernode` drop our `--map-by`, and so on (RELATED).
+`launcher_drop_mpi_defaults` removes defaults by name.
 """
 
 from __future__ import annotations
@@ -61,7 +64,40 @@ AWS_CREDENTIAL_NAMES = (
     "AWS_SHARED_CREDENTIALS_FILE",
 )
 _MCA_FLAGS = ("--mca", "-mca", "--gmca", "-gmca")
-_VALUE_FLAGS = {"--bind-to": "bind-to", "-bind-to": "bind-to", "--map-by": "map-by", "-map-by": "map-by"}
+_MCA_ENV_PREFIX = "OMPI_MCA_"
+# mpirun spellings of one option (single or double dash is the same option).
+_FLAG_ALIASES = {"rf": "rankfile", "N": "npernode"}
+
+# For each default, the names (mpirun options without dashes, MCA keys) whose presence among the user's own
+# options replaces it. Each set holds the default's own name, the MCA parameter behind the same option, and
+# what Open MPI refuses beside it: "Conflicting directives for mapping/binding policy" (checked with Open MPI
+# 4.1: --rankfile, --ppr, --bynode, --bind-to-core, --bind-to-socket exit 1 next to --map-by/--bind-to), and
+# the include/exclude interface lists, which ompi_info documents as mutually exclusive.
+RELATED: dict[str, frozenset[str]] = {
+    "bind-to": frozenset(
+        {"bind-to", "hwloc_base_binding_policy", "bind-to-core", "bind-to-socket", "bind-to-none"}
+    ),
+    "map-by": frozenset(
+        {
+            "map-by",
+            "rmaps_base_mapping_policy",
+            "rankfile",
+            "rmaps_rank_file_path",
+            "ppr",
+            "npernode",
+            "pernode",
+            "npersocket",
+            "bynode",
+            "byslot",
+            "bycore",
+            "bysocket",
+            "byboard",
+            "rmaps_base_bynode",
+        }
+    ),
+    "btl_tcp_if_include": frozenset({"btl_tcp_if_include", "btl_tcp_if_exclude"}),
+    "oob_tcp_if_include": frozenset({"oob_tcp_if_include", "oob_tcp_if_exclude"}),
+}
 
 
 @dataclass(frozen=True)
@@ -77,6 +113,7 @@ class MpiPlan:
     set_env: tuple[tuple[str, str], ...] = ()  # -x NAME=VALUE (launcher constants only)
     custom_options: tuple[str, ...] = ()
     drop_defaults: frozenset[str] = frozenset()
+    env_mca: frozenset[str] = frozenset()  # MCA keys the job's environment sets (OMPI_MCA_<key>)
 
 
 def default_options(plan: MpiPlan) -> list[tuple[str, list[str]]]:
@@ -98,22 +135,43 @@ def default_options(plan: MpiPlan) -> list[tuple[str, list[str]]]:
     return options
 
 
-def overridden_names(custom: Sequence[str]) -> set[str]:
-    """Names of defaults that the user's own options set."""
+def user_names(custom: Sequence[str]) -> set[str]:
+    """What the user's own options set: option names (no dashes), MCA keys, and `-x` variable names."""
     names: set[str] = set()
-    for i, flag in enumerate(custom):
+    i = 0
+    while i < len(custom):
+        flag = custom[i]
         nxt = custom[i + 1] if i + 1 < len(custom) else ""
-        if flag in _MCA_FLAGS and nxt:
+        if flag in _MCA_FLAGS:  # --mca KEY VALUE: the value may start with '-' (plm_rsh_args "-p 2222")
             names.add(nxt)
-        elif flag in _VALUE_FLAGS:
-            names.add(_VALUE_FLAGS[flag])
-        elif flag == "-x" and nxt:
+            i += 3
+            continue
+        if flag == "-x":
             names.add(nxt.split("=", 1)[0])
+            i += 2
+            continue
+        if flag.startswith("-") and len(flag) > 1:
+            name = flag.lstrip("-").split("=", 1)[0]
+            names.add(_FLAG_ALIASES.get(name, name))
+        i += 1
+    names.discard("")
     return names
 
 
+def env_mca_keys(env: Mapping[str, str]) -> frozenset[str]:
+    """MCA keys set through the environment (OMPI_MCA_btl_tcp_if_exclude=lo sets btl_tcp_if_exclude)."""
+    return frozenset(k[len(_MCA_ENV_PREFIX) :] for k in env if k.startswith(_MCA_ENV_PREFIX))
+
+
+def overridden_names(custom: Sequence[str], env_mca: frozenset[str] = frozenset()) -> set[str]:
+    """Names of the defaults (and launcher -x constants) that the user's own settings replace."""
+    given = user_names(custom) | env_mca
+    replaced = {name for name, related in RELATED.items() if given & related}
+    return replaced | given
+
+
 def build_mpirun_argv(plan: MpiPlan) -> list[str]:
-    skip = overridden_names(plan.custom_options) | set(plan.drop_defaults)
+    skip = overridden_names(plan.custom_options, plan.env_mca) | set(plan.drop_defaults)
     argv = [
         "mpirun",
         "--allow-run-as-root",

@@ -1,6 +1,8 @@
 from pathlib import Path
 
-from smhvd.mpi_command import MpiPlan, build_mpirun_argv, forwarded_names, overridden_names
+import pytest
+
+from smhvd.mpi_command import MpiPlan, build_mpirun_argv, env_mca_keys, forwarded_names, overridden_names
 
 PROGRAM = ("/venv/bin/python", "-m", "smhvd.rank", "--", "/venv/bin/python", "train.py", "--epochs", "2")
 
@@ -158,3 +160,76 @@ def test_forwarded_names_allow_list_never_credentials_unless_asked():
         "MY_APP_FLAG",
     } <= set(with_creds)
     assert "SECRET_THING" not in with_creds and "HOME" not in with_creds
+
+
+def two_hosts(**kw):
+    return MpiPlan(
+        num_processes=2,
+        hostfile=Path("/run/h"),
+        workdir=Path("/c"),
+        program=("p",),
+        interface="eth0",
+        ssh_config=Path("/run/ssh_config"),
+        **kw,
+    )
+
+
+def mca(argv):
+    """{key: value} of the --mca options in argv."""
+    return {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--mca"}
+
+
+def test_an_exclude_list_replaces_the_default_include_list_of_the_same_transport():
+    # The line users copy from AWS examples: with our include list beside it, Open MPI refuses both and the
+    # ranks cannot reach each other.
+    argv = build_mpirun_argv(two_hosts(custom_options=("--mca", "btl_tcp_if_exclude", "lo")))
+    assert "btl_tcp_if_include" not in argv
+    assert mca(argv)["oob_tcp_if_include"] == "eth0"  # the other transport keeps its default
+    assert argv[-4:] == ["--mca", "btl_tcp_if_exclude", "lo", "p"]
+
+    argv = build_mpirun_argv(two_hosts(custom_options=("-mca", "oob_tcp_if_exclude", "lo,docker0")))
+    assert "oob_tcp_if_include" not in argv and mca(argv)["btl_tcp_if_include"] == "eth0"
+
+
+def test_mca_parameters_from_the_environment_replace_defaults_too():
+    env = {"OMPI_MCA_btl_tcp_if_exclude": "lo", "OMPI_MCA_mpi_yield_when_idle": "0", "PATH": "/bin"}
+    assert env_mca_keys(env) == {"btl_tcp_if_exclude", "mpi_yield_when_idle"}
+    argv = build_mpirun_argv(two_hosts(yield_when_idle=True, env_mca=env_mca_keys(env)))
+    assert set(mca(argv)) == {
+        "orte_abort_on_non_zero_status",
+        "odls_base_sigkill_timeout",
+        "oob_tcp_if_include",
+        "plm_rsh_args",
+        "plm_rsh_no_tree_spawn",
+    }
+
+
+@pytest.mark.parametrize(
+    "custom",
+    [
+        ("--rankfile", "/opt/ml/code/ranks"),
+        ("-rf", "/opt/ml/code/ranks"),
+        ("-N", "2"),
+        ("--npernode", "2"),
+        ("-pernode",),
+        ("--bynode",),
+        ("--ppr", "1:node"),
+        ("--mca", "rmaps_base_mapping_policy", "node"),
+    ],
+)
+def test_any_mapping_directive_replaces_the_default_mapping(custom):
+    argv = build_mpirun_argv(one_host(custom_options=custom))
+    assert "--map-by" not in argv and "--bind-to" in argv
+
+
+@pytest.mark.parametrize(
+    "custom", [("--bind-to-core",), ("-bind-to-socket",), ("--mca", "hwloc_base_binding_policy", "core")]
+)
+def test_any_binding_directive_replaces_the_default_binding(custom):
+    argv = build_mpirun_argv(one_host(custom_options=custom))
+    assert "--bind-to" not in argv and "--map-by" in argv
+
+
+def test_values_of_user_options_are_not_taken_for_option_names():
+    argv = build_mpirun_argv(two_hosts(custom_options=("--mca", "plm_rsh_args", "-p 2222 -o map-by")))
+    assert "--map-by" in argv and mca(argv)["plm_rsh_args"] == "-p 2222 -o map-by"
