@@ -39,9 +39,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--log-level",
-        default=os.environ.get("SMHVD_LOG_LEVEL", "INFO"),
+        default=os.environ.get("SMHVD_LOG_LEVEL") or None,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="launcher log level (env SMHVD_LOG_LEVEL, default INFO)",
+        help="launcher log level (env SMHVD_LOG_LEVEL; default: the SDK's sagemaker_container_log_level "
+        "hyperparameter, else INFO)",
     )
     return parser.parse_args(argv)
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # argparse already printed the usage line
         return EX_USAGE if exc.code else 0
-    configure_logging(args.log_level)
+    configure_logging(args.log_level or "INFO")
     paths = SageMakerPaths(args.base_dir) if args.base_dir else SageMakerPaths.from_env()
     if args.base_dir:
         os.environ["SAGEMAKER_BASE_DIR"] = str(args.base_dir)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stop_before_start)
     try:
-        return launch(paths)
+        return launch(paths, log_level_from_job=args.log_level is None)
     except Stopped as exc:
         log.warning("%s", exc)
         return exc.exit_code

@@ -1,8 +1,8 @@
 """The SM_* environment that SageMaker training scripts expect (names of the sagemaker-training toolkit).
 
-Pure functions: the job in, a dict out. `host_env` holds the part that differs between hosts; the rank
-wrapper recomputes it on each host so that every rank sees its own SM_CURRENT_HOST (the stock toolkit gives
-every rank the leader's).
+Pure functions: the job in, a dict out. `host_env` holds the part that differs between hosts (HOST_KEYS);
+each host's launcher computes it for its own ranks (hostenv.py), so that every rank sees its own
+SM_CURRENT_HOST (the stock toolkit gives every rank the leader's).
 """
 
 from __future__ import annotations
@@ -16,6 +16,20 @@ from .hyperparameters import to_env_value, to_script_args
 from .job import Job
 
 _LOG_LEVEL_NAMES = {10: "DEBUG", 20: "INFO", 30: "WARNING", 40: "ERROR", 50: "CRITICAL"}
+
+
+# The variables host_env sets: per host, never taken from the leader.
+HOST_KEYS = frozenset(
+    {
+        "SM_CURRENT_HOST",
+        "SM_NUM_CPUS",
+        "SM_NUM_GPUS",
+        "SM_RESOURCE_CONFIG",
+        "SM_TRAINING_ENV",
+        "SM_NETWORK_INTERFACE_NAME",
+        "SM_CURRENT_INSTANCE_TYPE",
+    }
+)
 
 
 def _json(value: object) -> str:

@@ -1,10 +1,11 @@
-"""What this host has: CPUs usable by this process and NVIDIA GPUs visible to it."""
+"""What this host has: usable CPUs, visible NVIDIA GPUs, network interfaces and routes."""
 
 from __future__ import annotations
 
 import os
 import re
 import socket
+import subprocess
 from pathlib import Path
 
 _DEV_GPU = re.compile(r"^nvidia[0-9]+$")
@@ -35,3 +36,27 @@ def num_gpus(proc: Path = Path("/proc/driver/nvidia/gpus"), dev: Path = Path("/d
 
 def interface_names() -> set[str]:
     return {name for _, name in socket.if_nameindex()}
+
+
+def parse_route_device(text: str) -> str | None:
+    """The interface in `ip -o route get ADDR` output ("10.0.0.3 dev eth0 src 10.0.0.2 uid 0 ...")."""
+    match = re.search(r"(?:^|\s)dev (\S+)", text)
+    return match.group(1) if match else None
+
+
+def route_interface(host: str) -> str | None:
+    """The interface that carries this host's traffic to `host` (None: unresolvable or no route)."""
+    try:
+        infos = socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    if not infos:
+        return None
+    address = str(infos[0][4][0])
+    try:
+        proc = subprocess.run(
+            ["ip", "-o", "route", "get", address], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_route_device(proc.stdout) if proc.returncode == 0 else None

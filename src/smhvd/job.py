@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .config import (
@@ -13,11 +15,15 @@ from .config import (
     parse_resource_config,
     read_json,
 )
-from .errors import ConfigError
-from .hardware import interface_names, num_cpus, num_gpus
+from .errors import ConfigError, WaitTimeout
+from .hardware import interface_names, num_cpus, num_gpus, route_interface
 from .hyperparameters import decode_hyperparameters, split_hyperparameters
 from .paths import SageMakerPaths
 from .settings import Settings, parse_settings
+from .waiting import NotYet, wait_until
+
+log = logging.getLogger("smhvd")
+ROUTE_WAIT = 30.0  # how long peer names may take to resolve at start (container DNS can lag)
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,45 @@ def load_job(paths: SageMakerPaths, hardware: Hardware | None = None) -> Job:
         settings=settings,
         hardware=hardware or Hardware(cpus=num_cpus(), gpus=num_gpus()),
     )
+    if job.multi_host and job.settings.mpi.enabled:
+        job = with_usable_interface(job, interface_names(), route_interface)
     validate_job(job, interface_names() if job.multi_host else set())
     return job
+
+
+def with_usable_interface(
+    job: Job, interfaces: set[str], find_route: Callable[[str], str | None], wait: float = ROUTE_WAIT
+) -> Job:
+    """The job with an interface this host has: the named one, else the one routing to the other hosts.
+
+    SDK v3 local mode names "ethwe", which no container has; a job should not fail over a name when the
+    route to its peers is plain to see. Unchanged (and validate_job reports it) when no route is found.
+    """
+    named = job.resources.network_interface_name
+    if named is None or named in interfaces:
+        return job
+    others = [h for h in job.resources.hosts if h != job.resources.current_host]
+
+    def route() -> str | None:
+        for host in others:
+            found = find_route(host)
+            if found in interfaces:
+                return found
+        raise NotYet(f"no route to {', '.join(others)} through an interface of this host")
+
+    try:
+        found = wait_until(route, what="a route to the other hosts", timeout=wait)
+    except WaitTimeout:
+        return job
+    log.warning(
+        "%s: network_interface_name %r is not an interface of this host; using %s, which routes to the "
+        "other hosts",
+        job.paths.resource_config,
+        named,
+        found,
+    )
+    resources = dataclasses.replace(job.resources, network_interface_name=found)
+    return dataclasses.replace(job, resources=resources)
 
 
 def validate_job(job: Job, interfaces: set[str]) -> None:
@@ -92,6 +135,7 @@ def validate_job(job: Job, interfaces: set[str]) -> None:
         raise ConfigError(
             str(job.paths.resource_config),
             "network_interface_name",
-            f"an interface of this host ({', '.join(sorted(interfaces))})",
+            f"an interface of this host ({', '.join(sorted(interfaces))}); "
+            "none routes to the other hosts either",
             iface,
         )

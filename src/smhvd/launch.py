@@ -56,8 +56,19 @@ def prepare_dirs(paths: SageMakerPaths) -> None:
         directory.mkdir(parents=True, exist_ok=True)
 
 
-def launch(paths: SageMakerPaths) -> int:
+def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
     job = load_job(paths)
+    if log_level_from_job and job.settings.program.log_level is not None:
+        # The SDK's container_log_level (logging.DEBUG=10, ...), unless SMHVD_LOG_LEVEL says otherwise.
+        log.setLevel(job.settings.program.log_level)
+    log.debug(
+        "job: host %s of %s, %d process(es) per host, %d cpu(s), %d gpu(s)",
+        job.resources.current_host,
+        ",".join(job.resources.hosts),
+        job.processes_per_host,
+        job.hardware.cpus,
+        job.hardware.gpus,
+    )
     become_subreaper()
     source = resolve_source(job.settings.program, paths, os.environ)
     fetch_source(source, job.settings.program.region)
@@ -85,4 +96,4 @@ def _run_role(job: Job, source: Source, program: list[str], env: dict[str, str],
             return conclude(job, outcome)[0]
         if job.resources.is_leader:
             return run_leader(job, program, env, run_dir, source.code_dir)
-        return run_worker(job, run_dir)
+        return run_worker(job, run_dir, env)

@@ -1,7 +1,8 @@
 """The rank wrapper: `python -m smhvd.rank -- PROGRAM ARGS`, started by mpirun for every rank.
 
-- Fixes the host-specific SM_* variables from this host's own resourceconfig.json (mpirun forwards the
-  leader's values), so each rank sees its own SM_CURRENT_HOST.
+- Takes this host's own environment from its `train` (hostenv.py): the container's variables and its own
+  SM_* values (mpirun forwards the leader's), so each rank sees its own SM_CURRENT_HOST and what SageMaker
+  set in its container.
 - Streams the program's stderr through unchanged and keeps its tail; when the program fails, prints one
   marker line (failure.MARKER + JSON) that the leader picks out of mpirun's output as the root cause.
 - Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP to the program. A stop request (SIGTERM or SIGINT) that
@@ -12,21 +13,18 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 from collections import deque
 from collections.abc import Mapping
-from pathlib import Path
 
-from .config import parse_resource_config, read_json
-from .environment import host_env
+from . import hostenv
 from .errors import LauncherError
 from .failure import RankFailure
-from .hardware import num_cpus, num_gpus
 from .processes import die_with_parent
+from .sshd import ssh_port
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -34,23 +32,16 @@ TAIL_BYTES = 8192
 
 
 def local_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment for the program on this host: the forwarded one with this host's own values."""
-    result = dict(env)
-    base = Path(env.get("SAGEMAKER_BASE_DIR") or "/opt/ml")
-    path = base / "input" / "config" / "resourceconfig.json"
+    """The environment for the program on this host: what mpirun forwarded, merged with the environment this
+    host's own `train` serves (its container's variables and its own SM_* values; see hostenv.py)."""
     try:
-        raw = read_json(path, required=True)
-        resources = parse_resource_config(raw, str(path))
-    except LauncherError:
-        return result  # not a SageMaker tree (plain mpirun use): keep what was forwarded
-    try:
-        summary = json.loads(env.get("SM_TRAINING_ENV", "{}"))
-    except ValueError:
-        summary = {}
-    result.update(
-        host_env(resources, raw if isinstance(raw, dict) else {}, num_cpus(), num_gpus(), summary or {})
-    )
-    return result
+        served = hostenv.fetch(ssh_port(env))
+    except (LauncherError, OSError) as exc:
+        sys.stderr.write(
+            f"smhvd.rank: this host's environment is unavailable ({exc}); using the forwarded one\n"
+        )
+        served = None
+    return dict(env) if served is None else hostenv.merge(env, served)
 
 
 def _identity(env: Mapping[str, str]) -> tuple[int | None, str | None]:

@@ -9,7 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .errors import PeerError
@@ -20,7 +20,7 @@ DEFAULT_PORT = 22
 HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 
 
-def ssh_port(env: dict[str, str] | os._Environ[str]) -> int:
+def ssh_port(env: Mapping[str, str]) -> int:
     raw = env.get("SMHVD_SSH_PORT", str(DEFAULT_PORT))
     if not raw.isdigit() or not 0 < int(raw) < 65536:
         raise PeerError(f"SMHVD_SSH_PORT: expected a TCP port number, got {raw!r}")

@@ -7,6 +7,7 @@ EX_UNAVAILABLE when the link closes without one (the leader died).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
@@ -14,10 +15,11 @@ import signal
 import socket
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import failure, link
+from . import failure, hostenv, link
 from .errors import EX_STOPPED, EX_UNAVAILABLE, PeerError
 from .job import Job
 from .processes import kill_descendants, reap_orphans
@@ -168,11 +170,13 @@ class LinkWaiter:
         return None
 
 
-def run_worker(job: Job, run_dir: Path) -> int:
+def run_worker(job: Job, run_dir: Path, rank_env: Mapping[str, str]) -> int:
+    """`rank_env`: what this host's ranks get (its container's variables, its SM_* values), see hostenv.py."""
     port = ssh_port(os.environ)
     leader = job.resources.leader
-    with SignalWatch() as watch:
+    with SignalWatch() as watch, contextlib.ExitStack() as stack:
         server = listen(port)
+        stack.enter_context(hostenv.serving(port, rank_env))
         sshd = start_sshd(run_dir, port)
         log.info(
             "sshd listening on port %d; waiting for the leader %s (up to %gs)",

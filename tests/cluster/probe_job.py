@@ -1,6 +1,7 @@
 """The training script of the launcher fault tests (copied into the job's code directory).
 
-Every rank records where it ran (output/data/rank-N.json: its host and the SM_CURRENT_HOST it saw), then:
+Every rank records where it ran (output/data/rank-N.json: its host, the SM_CURRENT_HOST it saw and the
+variables named by --record), with --allreduce takes part in an MPI allreduce over every rank, then:
 --mode ok: exits 0; --mode crash: the rank on --crash_host writes a marker to stderr and exits 3, the
 others run for a long time; --mode sleep: runs for a long time. On SIGTERM a rank saves a checkpoint
 (/opt/ml/checkpoints/rank-N) and exits 0, as a spot-training script does.
@@ -19,6 +20,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=["ok", "crash", "sleep"], default="ok")
 parser.add_argument("--crash_host", default="algo-2")
 parser.add_argument("--seconds", type=float, default=300.0)
+parser.add_argument("--record", default="", help="comma-separated variable names to record")
+parser.add_argument("--allreduce", default="false")
 args = parser.parse_args()
 
 rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
@@ -39,7 +42,12 @@ record = {
     "host": host,
     "sm_current_host": os.environ.get("SM_CURRENT_HOST"),
     "time": time.time(),
+    "env": {name: os.environ.get(name) for name in args.record.split(",") if name},
 }
+if args.allreduce == "true":
+    from mpi4py import MPI
+
+    record["allreduce"] = MPI.COMM_WORLD.allreduce(rank + 1)
 (output / f"rank-{rank}.json").write_text(json.dumps(record))
 print(f"rank {rank} running on {host}", flush=True)
 if args.mode == "ok":
