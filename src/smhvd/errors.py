@@ -12,6 +12,7 @@ EX_OK = 0
 EX_USAGE = 64  # bad command line
 EX_NOINPUT = 66  # training code could not be fetched
 EX_UNAVAILABLE = 69  # a peer host never came up, or the leader was lost mid-job
+EX_MPI_ABORT = 76  # Open MPI announced an abort (e.g. ranks cannot reach each other) and mpirun hung: ended
 EX_SOFTWARE = 70  # internal error, or the code's requirements.txt failed to install
 EX_CONFIG = 78  # malformed or inconsistent /opt/ml configuration
 EX_STOPPED = 128 + 15  # stopped by SIGTERM (how SageMaker stops a job)

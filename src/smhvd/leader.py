@@ -55,8 +55,13 @@ def rank_command(program: Sequence[str]) -> list[str]:
 
 
 def failure_reason(outcome: Outcome) -> str:
-    """The failure file's text: the first failed rank and its stderr, else mpirun's own last words."""
+    """The failure file's text: the first failed rank and its stderr, else Open MPI's abort notice or
+    mpirun's own last words."""
     first = outcome.output.failures[0] if outcome.output.failures else None
+    notice = outcome.output.abort_notice
+    if first is None and notice is not None:
+        ended = " (mpirun hung after it; ended by the launcher)" if outcome.ended_hung_abort else ""
+        return failure.compose(f"MPI aborted the job: {notice}{ended}", outcome.output.tail_text())
     first = first or parse_mpirun_verdict(outcome.output.tail_text())
     if first is not None:
         return failure.compose(first.headline(), first.stderr_tail or outcome.output.tail_text())

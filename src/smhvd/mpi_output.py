@@ -3,6 +3,10 @@
 `StderrFilter.feed` returns the bytes to show (marker lines are removed, everything else is passed at once,
 partial lines included, so progress bars keep working). When no marker arrived (the wrapper itself was
 killed), `parse_mpirun_verdict` reads mpirun's own message for the failing rank, host and code.
+
+It also notices when Open MPI announces that the job aborts (`abort_notice`: the first sentence of that
+message). Ranks that cannot reach each other print such a notice and may then never exit (stuck in a
+collective or in MPI_Finalize), so mpirun never does either: the supervisor ends it after a grace period.
 """
 
 from __future__ import annotations
@@ -19,6 +23,24 @@ _NOTICED = re.compile(
 _PROCESS_NAME = re.compile(r"Process name:\s*\[\[\d+,\d+\],(?P<rank>\d+)\]")
 _EXIT_CODE = re.compile(r"Exit code:\s*(?P<code>-?\d+)")
 _HOST_LINE = re.compile(r"Local host:\s*(?P<host>\S+)")
+# Lines by which Open MPI says the whole job is going down (help messages of Open MPI 4.1's ompi/orte).
+ABORT_SIGNS = (
+    "Your MPI job is now going to abort",
+    "MPI_ABORT was invoked",
+    "unable to reach each other for MPI communications",  # (a line break may fall anywhere in it)
+    "ORTE has lost communication with a remote daemon",
+    "ORTE does not know how to route a message",
+)
+_RULE = re.compile(r"^-{20,}$")
+_SENTENCE_END = re.compile(r"(?<=[.;])\s")
+NOTICE_LIMIT = 300
+
+
+def first_sentence(lines: list[str]) -> str:
+    """The first sentence of an Open MPI message block, on one line."""
+    text = " ".join(" ".join(lines).split())
+    head = _SENTENCE_END.split(text, maxsplit=1)[0].rstrip(".;")
+    return head[: NOTICE_LIMIT - 3] + "..." if len(head) > NOTICE_LIMIT else head
 
 
 class StderrFilter:
@@ -29,6 +51,9 @@ class StderrFilter:
         self._tail: deque[bytes] = deque()
         self._tail_size = 0
         self._keep = keep_bytes
+        self.abort_notice: str | None = None  # Open MPI's own word that the job aborts
+        self._block: list[str] = []  # lines of the current Open MPI message (between rules of dashes)
+        self._partial = b""  # the shown output's last, unfinished line
 
     def feed(self, data: bytes) -> bytes:
         buf = self._pending + data
@@ -51,8 +76,27 @@ class StderrFilter:
                     continue
             shown += line
             self._mid_line = False
+        self._scan(bytes(shown))
         self._remember(bytes(shown))
         return bytes(shown)
+
+    def _scan(self, shown: bytes) -> None:
+        lines = (self._partial + shown).split(b"\n")
+        self._partial = lines.pop()[-4096:]
+        for line in lines:
+            self._scan_line(line.decode(errors="replace").strip())
+
+    def _scan_line(self, line: str) -> None:
+        """Open MPI's messages stand between rules of dashes: read each whole message when it closes."""
+        if not _RULE.match(line):
+            self._block.append(line)
+            if len(self._block) > 60:  # not a message block: keep the memory bounded
+                del self._block[:-30]
+            return
+        block, self._block = self._block, []
+        text = " ".join(" ".join(block).split())
+        if self.abort_notice is None and any(sign in text for sign in ABORT_SIGNS):
+            self.abort_notice = first_sentence(block)
 
     def flush(self) -> bytes:
         rest, self._pending = self._pending, b""

@@ -2,6 +2,10 @@
 
 On a stop signal (SIGTERM from SageMaker, Ctrl-C) the ranks *on this host* get SIGTERM directly, so every
 rank can save a checkpoint; the command itself is left to end when they do.
+
+When Open MPI announces that the job aborts (ranks that cannot reach each other, MPI_Abort, a lost daemon) and
+mpirun has not exited ABORT_GRACE seconds later, it never will by itself (ranks stuck in a collective or in
+MPI_Finalize): mpirun gets SIGTERM, which ends the ranks on every host, then SIGKILL after KILL_GRACE.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import link
+from .errors import EX_MPI_ABORT
 from .mpi_output import StderrFilter
 from .processes import cmdline, descendants, die_with_parent, reap_orphans, signal_pids
 from .signals import SignalWatch, is_stop
 
 log = logging.getLogger("smhvd")
 RANK_MODULE = "smhvd.rank"
+ABORT_GRACE = 5.0  # Open MPI said the job aborts -> mpirun gets SIGTERM if still running after this long
+KILL_GRACE = 3.0  # ... and SIGKILL (with whatever it left on this host) this long after that
 
 
 @dataclass
@@ -30,6 +37,7 @@ class Outcome:
     exit_code: int
     output: StderrFilter
     stopped: bool
+    ended_hung_abort: bool = False  # Open MPI announced an abort and mpirun had to be ended by the launcher
 
 
 def local_ranks() -> list[int]:
@@ -74,11 +82,14 @@ def supervise(
             sel.register(watch.fileno(), selectors.EVENT_READ)
             open_stream = True
             next_tick = time.monotonic() + tick_interval
-            while open_stream:
+            hung = _HungAbort(proc)
+            while open_stream and not hung.gave_up():
                 if tick is not None and time.monotonic() >= next_tick:
                     tick()
                     next_tick = time.monotonic() + tick_interval
-                timeout = max(0.0, next_tick - time.monotonic()) if tick is not None else None
+                hung.check(output.abort_notice)
+                deadlines = [t for t in (next_tick if tick else None, hung.next_step()) if t is not None]
+                timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
                 for key, _ in sel.select(timeout):
                     if key.fd == stderr_fd:
                         data = os.read(stderr_fd, 65536)
@@ -103,4 +114,42 @@ def supervise(
     finally:
         if own:
             watch.__exit__(None, None, None)
+    if hung.ended:
+        return Outcome(exit_code=EX_MPI_ABORT, output=output, stopped=stopped, ended_hung_abort=True)
     return Outcome(exit_code=code if code >= 0 else 128 - code, output=output, stopped=stopped)
+
+
+class _HungAbort:
+    """Ends mpirun when Open MPI announced an abort and mpirun does not exit (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.term_at: float | None = None
+        self.kill_at: float | None = None
+        self.killed_at: float | None = None
+        self.ended = False
+
+    def next_step(self) -> float | None:
+        if self.killed_at is not None:
+            return self.killed_at + KILL_GRACE
+        return self.kill_at if self.term_at is None or self.kill_at is not None else self.term_at
+
+    def check(self, notice: str | None) -> None:
+        if notice is None or self.proc.poll() is not None:
+            return
+        now = time.monotonic()
+        if self.term_at is None:
+            self.term_at = now + ABORT_GRACE
+        elif self.kill_at is None and now >= self.term_at:
+            log.error("Open MPI aborted the job (%s) and mpirun did not exit: ending it", notice)
+            self.ended = True
+            self.proc.terminate()
+            self.kill_at = now + KILL_GRACE
+        elif self.kill_at is not None and self.killed_at is None and now >= self.kill_at:
+            self.proc.kill()
+            signal_pids(local_ranks(), signal.SIGKILL)
+            self.killed_at = now
+
+    def gave_up(self) -> bool:
+        """mpirun is dead but something it started still holds its stderr: stop reading after KILL_GRACE."""
+        return self.killed_at is not None and time.monotonic() >= self.killed_at + KILL_GRACE

@@ -149,3 +149,27 @@ def test_an_interface_the_hosts_lack_falls_back_to_the_one_routing_to_the_peers(
         assert "network_interface_name 'ethwe' is not an interface of this host; using eth0" in log_of(
             processes, host
         )
+
+
+def test_ranks_that_cannot_reach_each_other_end_the_job_within_seconds(launch: Launch) -> None:
+    # Both interface lists given by the user: Open MPI's TCP transport refuses to start, MPI aborts, and
+    # mpirun itself then hangs (on SageMaker: until max_run). The launcher must end the job.
+    started = time.monotonic()
+    cluster, processes = launch(
+        {},
+        mode="ok",
+        allreduce="true",
+        sagemaker_mpi_custom_mpi_options="--mca btl_tcp_if_include eth0 --mca btl_tcp_if_exclude lo",
+    )
+    codes = {host: process.wait(180) for host, process in processes.items()}
+    elapsed = time.monotonic() - started
+    assert codes == {"algo-1": 76, "algo-2": 76}, log_of(processes, "algo-1")
+    assert elapsed < 45  # abort notice + 5 s grace + SIGTERM, on a loaded machine; before: until max_run
+    for host in HOSTS:
+        failure = (cluster.ml_dir(host) / "output" / "failure").read_text()
+        assert failure.splitlines()[0] == (
+            "MPI aborted the job: At least one pair of MPI processes are unable to reach each other for MPI "
+            "communications (mpirun hung after it; ended by the launcher)"
+        )
+        assert processes[host].result().left_running == ()
+    assert "mutually-exclusive" in failure  # the cause, in the tail
