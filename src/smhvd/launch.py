@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from . import sdk_v3
 from .environment import training_env
 from .hyperparameters import to_script_args
 from .job import Job, load_job
@@ -57,7 +58,13 @@ def prepare_dirs(paths: SageMakerPaths) -> None:
 
 
 def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
+    v3 = sdk_v3.load(paths)  # SDK v3 ModelTrainer(source_code=...): its sm_drivers channel says what to run
+    if v3 is not None and v3.unsupported:
+        sdk_v3.hand_back(v3, os.environ)
     job = load_job(paths)
+    if v3 is not None:
+        job = sdk_v3.apply(job, v3)
+        log.info("%s", sdk_v3.describe(v3, job))
     if log_level_from_job and job.settings.program.log_level is not None:
         # The SDK's container_log_level (logging.DEBUG=10, ...), unless SMHVD_LOG_LEVEL says otherwise.
         log.setLevel(job.settings.program.log_level)
@@ -73,11 +80,15 @@ def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
     source = resolve_source(job.settings.program, paths, os.environ)
     fetch_source(source, job.settings.program.region)
     entry = program_path(source)
-    if install_requirements(source.code_dir):
-        log.info("installed %s", source.code_dir / "requirements.txt")
-    program = program_command(entry) + to_script_args(job.user_hyperparameters)
+    requirements = "requirements.txt" if v3 is None else v3.source.requirements
+    if requirements and install_requirements(source.code_dir, name=requirements):
+        log.info("installed %s", source.code_dir / requirements)
+    args = to_script_args if v3 is None else sdk_v3.script_args
+    program = program_command(entry) + args(job.user_hyperparameters)
     module_dir = job.settings.program.submit_directory or str(source.code_dir)
     env = rank_env(job, os.environ, training_env(job, source.code_dir, source.program, module_dir))
+    if v3 is not None:
+        env.update(sdk_v3.env(v3, job))
     prepare_dirs(paths)
     host = job.resources.current_host
     try:

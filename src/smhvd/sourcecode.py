@@ -150,9 +150,11 @@ def program_command(path: Path, python: str = sys.executable) -> list[str]:
     return [python, str(path)]
 
 
-def install_requirements(code_dir: Path, python: str = sys.executable) -> bool:
-    """pip install -r requirements.txt when the code has one; True when something was installed."""
-    requirements = code_dir / "requirements.txt"
+def install_requirements(
+    code_dir: Path, python: str = sys.executable, *, name: str = "requirements.txt"
+) -> bool:
+    """pip install -r NAME (requirements.txt) when the code has one; True when something was installed."""
+    requirements = code_dir / name
     if not requirements.is_file():
         return False
     argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
