@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import sdk_v3
+from . import efa, sdk_v3
 from .environment import training_env
 from .hyperparameters import to_script_args
 from .job import Job, load_job
@@ -52,6 +52,27 @@ def rank_env(job: Job, base: Mapping[str, str], sm_env: Mapping[str, str]) -> di
     return env
 
 
+def efa_settings(job: Job, env: Mapping[str, str]) -> dict[str, str]:
+    """Probe this host for EFA and say in one line what the ranks get (efa.py)."""
+    found = efa.probe()
+    added = efa.efa_env(found, env)
+    if found.present:
+        shown = (
+            " ".join(f"{k}={v}" for k, v in sorted(added.items())) or "nothing (the environment sets them)"
+        )
+        log.info("EFA: %s; ranks get %s", found.detail, shown)
+    else:
+        log.info("EFA: none (%s)", found.detail)
+    if efa.expected_but_missing(found, job.resources.current_instance_type):
+        log.warning(
+            "EFA: %s has EFA but none is usable here (%s): the job will run over TCP. Check that the "
+            "security group allows all traffic to itself and that the image has the EFA software",
+            job.resources.current_instance_type,
+            found.detail,
+        )
+    return added
+
+
 def prepare_dirs(paths: SageMakerPaths) -> None:
     for directory in (paths.model_dir, paths.output_data_dir, paths.checkpoint_dir):
         directory.mkdir(parents=True, exist_ok=True)
@@ -89,6 +110,8 @@ def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
     env = rank_env(job, os.environ, training_env(job, source.code_dir, source.program, module_dir))
     if v3 is not None:
         env.update(sdk_v3.env(v3, job))
+    if job.settings.mpi.enabled:
+        env.update(efa_settings(job, env))
     prepare_dirs(paths)
     host = job.resources.current_host
     try:

@@ -1,5 +1,8 @@
 """What the SageMaker Python SDK sets, honoured by `train` on one host (real mpirun, real ranks)."""
 
+import json
+import os
+
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -31,3 +34,49 @@ def test_the_sdk_container_log_level_sets_the_launcher_log_level(
     assert "script ran" in result.stderr
     levels = _levels(result.stderr)
     assert seen <= levels and not (unseen & levels), result.stderr
+
+
+FI_INFO_EFA = """#!/bin/sh
+# Stand-in for libfabric's fi_info on a machine with an EFA device (none exists here).
+cat <<'OUT'
+---
+fi_info:
+    caps: [ FI_MSG, FI_RMA, FI_TAGGED, FI_RECV, FI_SEND, FI_READ, FI_REMOTE_READ ]
+    fabric_attr:
+        prov_name: efa
+OUT
+"""
+RECORD_FI = """
+import json, os
+keys = ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE")
+path = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "fi.json")
+open(path, "w").write(json.dumps({k: os.environ.get(k) for k in keys}))
+"""
+
+
+@pytest.fixture
+def fi_info_on_path(tmp_path):
+    """A PATH whose fi_info reports an EFA provider with RDMA read (a stand-in: no EFA device here)."""
+    bin_dir = tmp_path / "fi-bin"
+    bin_dir.mkdir()
+    (bin_dir / "fi_info").write_text(FI_INFO_EFA)
+    (bin_dir / "fi_info").chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
+def test_efa_found_on_the_machine_reaches_the_ranks_and_user_values_win(train_job, fi_info_on_path):
+    job = train_job(RECORD_FI)
+    result = job.run(env={"PATH": fi_info_on_path, "FI_EFA_FORK_SAFE": "0"})
+    assert result.returncode == 0, result.stderr
+    seen = json.loads((job.paths.output_data_dir / "fi.json").read_text())
+    assert seen == {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "0"}
+    line = "EFA: fi_info -p efa: provider found, RDMA read yes; ranks get FI_EFA_USE_DEVICE_RDMA=1 FI_PROV"
+    assert line in result.stderr
+
+
+def test_an_efa_instance_type_without_efa_is_warned_about(train_job):
+    job = train_job(RECORD_FI, instance_type="ml.p4d.24xlarge")
+    result = job.run(env={"PATH": "/usr/bin:/bin:" + os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr
+    assert json.loads((job.paths.output_data_dir / "fi.json").read_text())["FI_PROVIDER"] is None
+    assert "WARNING EFA: ml.p4d.24xlarge has EFA but none is usable here (fi_info not found" in result.stderr

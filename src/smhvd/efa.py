@@ -1,0 +1,86 @@
+"""EFA (Elastic Fabric Adapter): decided from the machine, not from a list of instance types.
+
+At start each host asks libfabric whether its EFA provider is usable (`fi_info -p efa -t FI_EP_RDM`). When it
+is, the ranks get (a value already in the environment always wins):
+
+- FI_PROVIDER=efa: libfabric users (Open MPI's ofi MTL, NCCL's aws-ofi-nccl plugin) take EFA or fail loudly,
+  instead of falling back to the TCP/sockets providers, which look like a working but slow job;
+- FI_EFA_USE_DEVICE_RDMA=1, only when the provider reports RMA (the device does RDMA read: p4d, p5, trn1):
+  one-sided transfers through the device instead of emulation;
+- FI_EFA_FORK_SAFE=1: data loaders fork; libfabric's registered memory must survive a fork in the child.
+
+A list of instance types known to have EFA is used for one thing only: a warning when such an instance finds
+no EFA (the security group or the image's EFA software is missing, and the job would run over TCP).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+PROBE_ARGV = ("fi_info", "-p", "efa", "-t", "FI_EP_RDM", "-v")
+PROBE_TIMEOUT = 15.0
+# Instance types with EFA that SageMaker trains on (AWS documentation, Nov 2026): a warning only, see above.
+EFA_INSTANCE_TYPES = frozenset(
+    {
+        "ml.g4dn.8xlarge",
+        "ml.g4dn.12xlarge",
+        "ml.g4dn.16xlarge",
+        "ml.g5.48xlarge",
+        "ml.g6.48xlarge",
+        "ml.p3dn.24xlarge",
+        "ml.p4d.24xlarge",
+        "ml.p4de.24xlarge",
+        "ml.p5.48xlarge",
+        "ml.p5e.48xlarge",
+        "ml.p5en.48xlarge",
+        "ml.trn1.32xlarge",
+        "ml.trn1n.32xlarge",
+    }
+)
+_PROVIDER = re.compile(r"^\s*(?:provider|prov_name):\s*efa\b", re.MULTILINE)  # plain or -v output
+_RMA = re.compile(r"\bFI_RMA\b")
+
+
+@dataclass(frozen=True)
+class EfaProbe:
+    present: bool
+    rdma: bool
+    detail: str  # what the probe saw, for the log line
+
+
+def read_probe(returncode: int | None, stdout: str, stderr: str) -> EfaProbe:
+    """Interpret `fi_info -p efa -t FI_EP_RDM -v` (returncode None: fi_info is not installed)."""
+    if returncode is None:
+        return EfaProbe(False, False, "fi_info not found (no libfabric)")
+    if returncode != 0 or not _PROVIDER.search(stdout):
+        last = (stderr.strip().splitlines() or stdout.strip().splitlines() or ["no output"])[-1]
+        return EfaProbe(False, False, f"fi_info -p efa: {last[:200]}")
+    rdma = bool(_RMA.search(stdout))
+    return EfaProbe(True, rdma, f"fi_info -p efa: provider found, RDMA read {'yes' if rdma else 'no'}")
+
+
+def probe(run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> EfaProbe:
+    try:
+        proc = run(list(PROBE_ARGV), capture_output=True, text=True, timeout=PROBE_TIMEOUT, check=False)
+    except FileNotFoundError:
+        return read_probe(None, "", "")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return EfaProbe(False, False, f"fi_info failed: {exc}")
+    return read_probe(proc.returncode, proc.stdout, proc.stderr)
+
+
+def efa_env(found: EfaProbe, env: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add for the ranks (never one the environment already sets). Pure."""
+    if not found.present:
+        return {}
+    wanted = {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"}
+    if found.rdma:
+        wanted["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return {k: v for k, v in wanted.items() if k not in env}
+
+
+def expected_but_missing(found: EfaProbe, instance_type: str | None) -> bool:
+    return not found.present and instance_type in EFA_INSTANCE_TYPES
