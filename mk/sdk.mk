@@ -1,0 +1,26 @@
+# The SageMaker Python SDK v2's local mode with this project's image, without a Docker engine: podman (private
+# configuration of bin/daemonless-env.sh, netavark + aardvark-dns) behind `docker`, podman-compose behind
+# `docker-compose`, the SDK in its own venv (bin/sdk-venv.sh; never in .venv, its pins conflict with TensorFlow's).
+#   make sdk-local-demo                                   # MNIST on 2 local containers, prints the latencies
+#   make sdk-local-demo SDK_DEMO_ARGS='--epochs 2 --steps-per-epoch 100'
+.PHONY: sdk-venv sdk-local-demo
+
+SDK_DIR ?= $(REPO)/build/sdk
+SDK_DEMO_ARGS ?=
+SDK_IMAGE_NAME ?= sagemaker-horovod
+SDK_BASE_IMAGE ?= localhost/debian:bookworm
+_extra_ca = $(if $(wildcard /usr/local/share/ca-certificates/*.crt),--extra-ca /usr/local/share/ca-certificates)
+
+sdk-venv: ## the SDK v2 venv and the docker/docker-compose shims (build/sdk)
+	bash bin/sdk-venv.sh --install $(SDK_DIR)
+
+# The image is rebuilt through the layer cache every time (about a minute warm): it must hold the current src/.
+sdk-local-demo: ## SDK v2 local mode: TensorFlow(image_uri=our CPU image, instance_count=2, distribution=mpi).fit()
+	engine_env=$$(bash bin/daemonless-env.sh --install --export); eval "$$engine_env"; \
+	bash bin/make-base-image.sh --tag $(SDK_BASE_IMAGE); \
+	mkdir -p $(IMAGE_REFS_DIR); \
+	bash bin/build.sh --engine buildah --name $(SDK_IMAGE_NAME) --base-image $(SDK_BASE_IMAGE) $(_extra_ca) cpu \
+	  | tee $(IMAGE_REFS_DIR)/cpu.refs; \
+	sdk=$$(bash bin/sdk-venv.sh --install $(SDK_DIR)); eval "$$sdk"; \
+	PATH="$$SHIMS:$$PATH" "$$PYTHON" examples/sdk_local_demo.py --image "$$(head -n 1 $(IMAGE_REFS_DIR)/cpu.refs | cut -d ' ' -f 1)" \
+	  --work $(REPO)/build/sdk-local-demo $(SDK_DEMO_ARGS)
