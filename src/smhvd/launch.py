@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -79,6 +80,7 @@ def prepare_dirs(paths: SageMakerPaths) -> None:
 
 
 def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
+    started_at = time.time()
     v3 = sdk_v3.load(paths)  # SDK v3 ModelTrainer(source_code=...): its sm_drivers channel says what to run
     if v3 is not None and v3.unsupported:
         sdk_v3.hand_back(v3, os.environ)
@@ -115,12 +117,14 @@ def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
     prepare_dirs(paths)
     host = job.resources.current_host
     try:
-        return _run_role(job, source, program, env, host)
+        return _run_role(job, source, program, env, host, started_at)
     finally:
         kill_descendants()  # whatever the role, nothing started by this job outlives `train`
 
 
-def _run_role(job: Job, source: Source, program: list[str], env: dict[str, str], host: str) -> int:
+def _run_role(
+    job: Job, source: Source, program: list[str], env: dict[str, str], host: str, started_at: float
+) -> int:
     with tempfile.TemporaryDirectory(prefix="smhvd-") as tmp:
         run_dir = Path(tmp)
         if not job.settings.mpi.enabled:
@@ -129,5 +133,5 @@ def _run_role(job: Job, source: Source, program: list[str], env: dict[str, str],
                 outcome = supervise(rank_command(program), env, source.code_dir, watch=watch)
             return conclude(job, outcome)[0]
         if job.resources.is_leader:
-            return run_leader(job, program, env, run_dir, source.code_dir)
+            return run_leader(job, program, env, run_dir, source.code_dir, started_at)
         return run_worker(job, run_dir, env)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import failure
+from . import failure, summary
 from .errors import EX_STOPPED
 from .hostfile import render_hostfile
 from .job import Job
@@ -89,8 +91,15 @@ def tell_all(links: Sequence[WorkerLink], event: dict[str, object]) -> None:
 
 
 def run_leader(
-    job: Job, program: Sequence[str], env: Mapping[str, str], run_dir: Path, code_dir: Path
+    job: Job,
+    program: Sequence[str],
+    env: Mapping[str, str],
+    run_dir: Path,
+    code_dir: Path,
+    started_at: float | None = None,
 ) -> int:
+    """Run the job from the leader; `started_at` (time.time() when `train` started) dates the summary."""
+    started_at = time.time() if started_at is None else started_at
     plan = plan_for(job, rank_command(program), env, run_dir, code_dir)
     hosts = list(job.resources.hosts) if job.multi_host else ["localhost"]
     plan.hostfile.write_text(render_hostfile(hosts, job.processes_per_host))
@@ -124,7 +133,44 @@ def run_leader(
             tick=functools.partial(tell_all, links, {"event": "alive"}) if links else None,
         )
     code, reason = conclude(job, outcome)
-    tell_all(links, {"event": "end", "exit_code": code, "reason": reason})
+    told = {w.host: w.send({"event": "end", "exit_code": code, "reason": reason}) for w in links}
     for worker in links:
         worker.close()
+    report(job, plan, outcome, code, reason, started_at, told)
     return code
+
+
+def report(
+    job: Job,
+    plan: MpiPlan,
+    outcome: Outcome,
+    code: int,
+    reason: str,
+    started_at: float,
+    told: Mapping[str, bool],
+) -> None:
+    """Log the job summary and write it to output/data/job-summary.json."""
+    share = None
+    if job.settings.horovod.timeline:
+        timeline = Path(job.settings.horovod.env(job.paths.output_data_dir)["HOROVOD_TIMELINE"])
+        with contextlib.suppress(OSError):
+            share = summary.horovod_op_share(summary.timeline_events(timeline.read_text()))
+    host_exits: dict[str, int | str] = {job.resources.current_host: code}
+    for host, ok in told.items():
+        host_exits[host] = code if ok else "link lost before the end: exits on its own (69)"
+    result = summary.summarize(
+        hosts=job.resources.hosts,
+        ranks=plan.num_processes,
+        starts=outcome.output.starts,
+        started_at=started_at,
+        ended_at=time.time(),
+        exit_code=code,
+        host_exits=host_exits,
+        failure=reason or None,
+        horovod_op_share=share,
+    )
+    log.info("%s", result.render())
+    try:
+        summary.write_summary(job.paths.output_data_dir, result)
+    except OSError as exc:
+        log.warning("could not write %s: %s", summary.FILE_NAME, exc)

@@ -15,8 +15,11 @@ import re
 from collections import deque
 
 from .failure import MARKER, RankFailure
+from .summary import START_MARKER, RankStart
 
 _MARK = MARKER.encode()
+_START = START_MARKER.encode()
+_MARKS = (_MARK, _START)
 _NOTICED = re.compile(
     r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on signal (?P<signal>\d+)"
 )
@@ -46,6 +49,7 @@ def first_sentence(lines: list[str]) -> str:
 class StderrFilter:
     def __init__(self, keep_bytes: int = 16384) -> None:
         self.failures: list[RankFailure] = []
+        self.starts: list[RankStart] = []  # each rank's start (the rank wrapper's start markers)
         self._pending = b""  # a partial line that may be (the start of) a marker
         self._mid_line = False  # the last byte shown was not a newline
         self._tail: deque[bytes] = deque()
@@ -62,7 +66,7 @@ class StderrFilter:
         while buf:
             newline = buf.find(b"\n")
             if newline < 0:
-                if not self._mid_line and (_MARK.startswith(buf) or buf.startswith(_MARK)):
+                if not self._mid_line and any(m.startswith(buf) or buf.startswith(m) for m in _MARKS):
                     self._pending = buf  # wait for the rest of the line
                 else:
                     shown += buf
@@ -73,6 +77,11 @@ class StderrFilter:
                 failure = RankFailure.from_marker(line.decode(errors="replace"))
                 if failure is not None:
                     self.failures.append(failure)
+                    continue
+            if not self._mid_line and line.startswith(_START):
+                start = RankStart.from_marker(line.decode(errors="replace"))
+                if start is not None:
+                    self.starts.append(start)
                     continue
             shown += line
             self._mid_line = False

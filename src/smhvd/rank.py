@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import deque
 from collections.abc import Mapping
 
@@ -25,6 +26,7 @@ from .errors import LauncherError
 from .failure import RankFailure
 from .processes import die_with_parent
 from .sshd import ssh_port
+from .summary import RankStart
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -53,6 +55,7 @@ def run(program: list[str]) -> int:
     env = local_env(os.environ)
     stop_requested = False
     proc = subprocess.Popen(program, env=env, stderr=subprocess.PIPE, preexec_fn=die_with_parent)  # noqa: PLW1509
+    os.write(2, RankStart(*_identity(env), at=time.time()).to_marker().encode())  # for the job summary
 
     def forward(signum: int, _frame: object) -> None:
         nonlocal stop_requested

@@ -130,6 +130,9 @@ def test_an_interface_exclude_list_from_aws_examples_runs_instead_of_hanging(lau
     codes = {host: process.wait(120) for host, process in processes.items()}
     assert codes == {"algo-1": 0, "algo-2": 0}, log_of(processes, "algo-1")
     assert [r["allreduce"] for recs in records(cluster).values() for r in recs] == [3, 3]  # 1 + 2
+    summary = json.loads((cluster.ml_dir("algo-1") / "output" / "data" / "job-summary.json").read_text())
+    assert summary["ranks_per_host"] == {"algo-1": 1, "algo-2": 1}
+    assert summary["host_exits"] == {"algo-1": 0, "algo-2": 0}
     assert time.monotonic() - started < 90
     leader_log = log_of(processes, "algo-1")
     assert "btl_tcp_if_exclude lo" in leader_log and "btl_tcp_if_include" not in leader_log

@@ -80,3 +80,35 @@ def test_an_efa_instance_type_without_efa_is_warned_about(train_job):
     assert result.returncode == 0, result.stderr
     assert json.loads((job.paths.output_data_dir / "fi.json").read_text())["FI_PROVIDER"] is None
     assert "WARNING EFA: ml.p4d.24xlarge has EFA but none is usable here (fi_info not found" in result.stderr
+
+
+HOROVOD_STEPS = """
+import horovod.tensorflow as hvd
+import tensorflow as tf
+hvd.init()
+for step in range(20):
+    hvd.allreduce(tf.constant([float(hvd.rank())] * 1000), name=f"t{step % 3}")
+"""
+
+
+def test_every_job_ends_with_a_summary_on_stderr_and_in_output_data(train_job):
+    job = train_job(HOROVOD_STEPS, {"sagemaker_mpi_num_of_processes_per_host": 2, "horovod_timeline": "true"})
+    result = job.run()
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((job.paths.output_data_dir / "job-summary.json").read_text())
+    assert summary["hosts"] == ["algo-1"] and summary["ranks"] == 2
+    assert summary["ranks_per_host"] == {"algo-1": 2}  # from each rank's own start report
+    assert 0 < summary["first_rank_seconds"] < summary["wall_seconds"]
+    assert summary["exit_code"] == 0 and summary["host_exits"] == {"algo-1": 0} and summary["failure"] is None
+    assert 0 < summary["horovod_op_share"] <= 1  # measured from the real Horovod timeline
+    assert "job summary: exit 0; 2 rank(s) on 1 host(s) (algo-1:2)" in result.stderr
+    assert "@@smhvd-rank-start@@" not in result.stderr  # markers are consumed, not shown
+
+
+def test_a_failed_jobs_summary_names_the_failure(train_job):
+    job = train_job("import sys; sys.exit(4)")
+    result = job.run()
+    assert result.returncode == 4
+    summary = json.loads((job.paths.output_data_dir / "job-summary.json").read_text())
+    assert summary["exit_code"] == 4
+    assert summary["failure"] == "rank 0 on algo-1 exited with code 4" == job.failure().splitlines()[0]

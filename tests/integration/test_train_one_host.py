@@ -34,7 +34,7 @@ def test_two_ranks_each_record_their_environment(train_job):
     result = job.run(env={"AWS_SECRET_ACCESS_KEY": "do-not-leak"})
     assert result.returncode == 0, result.stderr
     out = job.paths.output_data_dir
-    assert sorted(p.name for p in out.iterdir()) == ["rank-0.json", "rank-1.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["job-summary.json", "rank-0.json", "rank-1.json"]
     for rank in (0, 1):
         record = json.loads((out / f"rank-{rank}.json").read_text())
         assert record == {
