@@ -16,6 +16,7 @@ import subprocess
 import tarfile
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -64,43 +65,66 @@ def sdk_v3(engine_env: dict[str, str]) -> dict[str, str]:
 
 
 # Run by the SDK's python: the user's code as in the SDK's documentation, nothing of ours but the image.
+# argv: IMAGE ROOT SPEC (JSON: hyperparameters, and optionally source_dir + entry_script, mpi = MPI's fields).
 TRAINER = textwrap.dedent(
     """
-    import sys
+    import json, sys
     from sagemaker.train import ModelTrainer
     from sagemaker.train.configs import Compute, SourceCode
     from sagemaker.train.distributed import MPI
     from sagemaker.train.model_trainer import Mode
 
-    image, code, root = sys.argv[1:4]
-    trainer = ModelTrainer(
+    image, root, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    kwargs = dict(
         training_mode=Mode.LOCAL_CONTAINER,
         training_image=image,
         local_container_root=root,
         compute=Compute(instance_type="local_cpu", instance_count=2),
-        source_code=SourceCode(source_dir=code, entry_script="train_mnist.py"),
-        distributed=MPI(
-            process_count_per_node=1, mpi_additional_options=["--mca", "mpi_yield_when_idle", "1"]
-        ),
-        hyperparameters={"epochs": 1, "steps_per_epoch": 5, "batch_size": 32},
+        hyperparameters=spec["hyperparameters"],
     )
-    trainer.train()
+    if "source_dir" in spec:
+        kwargs["source_code"] = SourceCode(source_dir=spec["source_dir"], entry_script=spec["entry_script"])
+    if "mpi" in spec:
+        kwargs["distributed"] = MPI(**spec["mpi"])
+    try:
+        ModelTrainer(**kwargs).train()
+    except Exception as exc:
+        print(f"TRAIN-FAILED {type(exc).__name__}: {exc}", flush=True)
+        sys.exit(3)
     """
 )
 
 
-def test_model_trainer_local_mpi_runs_through_our_launcher(
-    cpu_image: BuiltImage, sdk_v3: dict[str, str], tmp_path: Path
-) -> None:
+@dataclass(frozen=True)
+class Run:
+    exit_code: int
+    out: str
+    root: Path
+    seconds: float
+
+    @property
+    def artifacts(self) -> Path:
+        """Where the SDK's local mode puts model.tar.gz and output.tar.gz."""
+        return self.root / "compressed_artifacts"
+
+    def output_file(self, suffix: str) -> bytes | None:
+        with tarfile.open(self.artifacts / "output.tar.gz") as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(suffix):
+                    extracted = tar.extractfile(member)
+                    return extracted.read() if extracted else None
+        return None
+
+
+def run_trainer(sdk: dict[str, str], image: str, tmp_path: Path, name: str, spec: dict[str, object]) -> Run:
     root = tmp_path / "root"
     root.mkdir()
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
-    log = WORK / "sdk-v3-local.log"
     start = time.monotonic()
     proc = subprocess.run(
-        [sdk_v3["SDK_PYTHON"], str(script), cpu_image.immutable, str(MNIST_DIR), str(root)],
-        env=sdk_v3,
+        [sdk["SDK_PYTHON"], str(script), image, str(root), json.dumps(spec)],
+        env=sdk,
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -110,10 +134,23 @@ def test_model_trainer_local_mpi_runs_through_our_launcher(
     )
     seconds = time.monotonic() - start
     WORK.mkdir(parents=True, exist_ok=True)
-    log.write_text(proc.stdout)
-    record_timing("sdk-v3-local-mpi", seconds, exit_code=proc.returncode)
-    out = proc.stdout
-    assert proc.returncode == 0, f"ModelTrainer.train() failed (log {log}):\n{out[-4000:]}"
+    (WORK / f"sdk-v3-{name}.log").write_text(proc.stdout)
+    record_timing(f"sdk-v3-local-{name}", seconds, exit_code=proc.returncode)
+    return Run(proc.returncode, proc.stdout, root, seconds)
+
+
+def test_model_trainer_local_mpi_runs_through_our_launcher(
+    cpu_image: BuiltImage, sdk_v3: dict[str, str], tmp_path: Path
+) -> None:
+    spec = {
+        "source_dir": str(MNIST_DIR),
+        "entry_script": "train_mnist.py",
+        "mpi": {"process_count_per_node": 1, "mpi_additional_options": ["--mca", "mpi_yield_when_idle", "1"]},
+        "hyperparameters": {"epochs": 1, "steps_per_epoch": 5, "batch_size": 32},
+    }
+    run = run_trainer(sdk_v3, cpu_image.immutable, tmp_path, "mpi", spec)
+    out = run.out
+    assert run.exit_code == 0, f"ModelTrainer.train() failed:\n{out[-4000:]}"
 
     # Our launcher ran the job on both containers, not v3's drivers: its log lines, its MPI plan over 2 hosts
     # with v3's options, and no sign of mpi_driver.py (which would log "Running MPI Driver" and start 1 rank).
@@ -125,16 +162,71 @@ def test_model_trainer_local_mpi_runs_through_our_launcher(
     assert "'ethwe' is not an interface of this host" in out  # v3 local mode's resourceconfig, overcome
 
     # Where the SDK puts the trained model: <root>/compressed_artifacts/model.tar.gz (and output.tar.gz).
-    artifacts = root / "compressed_artifacts"
-    with tarfile.open(artifacts / "model.tar.gz") as tar:
+    with tarfile.open(run.artifacts / "model.tar.gz") as tar:
         names = tar.getnames()
     assert any(n.endswith("saved_model.pb") for n in names), names
-    with tarfile.open(artifacts / "output.tar.gz") as tar:
-        member = next(m for m in tar.getmembers() if m.name.endswith("metrics.json"))
-        extracted = tar.extractfile(member)
-        assert extracted is not None
-        metrics = json.load(extracted)
-        failure = [m.name for m in tar.getmembers() if m.name.endswith("failure")]
+    metrics_json = run.output_file("metrics.json")
+    assert metrics_json is not None
+    metrics = json.loads(metrics_json)
     assert metrics["world_size"] == 2  # both containers trained: v3's own driver runs -np 1
     assert metrics["steps_per_epoch"] == 5  # v3's hyperparameters reached the script
-    assert failure == []
+    assert run.output_file("failure") is None
+
+
+# A rank that fails on algo-2 while rank 0 would run for a minute: the job must end within seconds, with
+# the failing rank's exit code and its stderr in the failure file the SDK collects.
+FAILING = """
+import os, sys, time
+if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+    print("rank 1 gives up: no data", file=sys.stderr, flush=True)
+    sys.exit(3)
+time.sleep(60)
+"""
+
+
+def test_a_failing_rank_ends_the_job_fast_with_our_failure_file(
+    cpu_image: BuiltImage, sdk_v3: dict[str, str], tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "fail.py").write_text(FAILING)
+    spec = {
+        "source_dir": str(code),
+        "entry_script": "fail.py",
+        "mpi": {"process_count_per_node": 1},
+        "hyperparameters": {},
+    }
+    run = run_trainer(sdk_v3, cpu_image.immutable, tmp_path, "failure", spec)
+    assert run.exit_code == 3 and "TRAIN-FAILED RuntimeError" in run.out, run.out[-3000:]
+    assert "[smhvd" in run.out and "Running MPI Driver" not in run.out
+    assert run.seconds < 55, f"the job outlived its failing rank: {run.seconds:.0f} s"
+    failure = run.output_file("failure")
+    assert failure is not None, run.out[-3000:]
+    assert b"rank 1 gives up: no data" in failure, failure
+    assert b"3" in failure, failure
+
+
+def test_without_source_code_the_image_runs_train_as_for_any_sdk(
+    cpu_image: BuiltImage, sdk_v3: dict[str, str], tmp_path: Path
+) -> None:
+    """No source_code: v3 gives the container no entrypoint and no drivers (the image's `train` runs), and the
+    launcher's own hyperparameters select the MPI job; `distributed=` needs source_code (the SDK says so)."""
+    spec = {
+        "hyperparameters": {
+            "sagemaker_program": "train_mnist.py",
+            "sagemaker_submit_directory": "/opt/smhvd/scripts/mnist",
+            "sagemaker_mpi_num_of_processes_per_host": 1,
+            "epochs": 1,
+            "steps_per_epoch": 3,
+        },
+    }
+    (tmp_path / "refused").mkdir()
+    refused = run_trainer(sdk_v3, cpu_image.immutable, tmp_path / "refused", "refused", spec | {"mpi": {}})
+    assert refused.exit_code == 3 and "TRAIN-FAILED" in refused.out, refused.out[-2000:]
+    run = run_trainer(sdk_v3, cpu_image.immutable, tmp_path, "no-source-code", spec)
+    assert run.exit_code == 0, run.out[-4000:]
+    assert "starting 2 processes" in run.out and "SDK v3 ModelTrainer job" not in run.out
+    with tarfile.open(run.artifacts / "model.tar.gz") as tar:
+        assert any(n.endswith("saved_model.pb") for n in tar.getnames())
+    metrics_json = run.output_file("metrics.json")
+    assert metrics_json is not None and json.loads(metrics_json)["world_size"] == 2
