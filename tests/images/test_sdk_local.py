@@ -177,3 +177,71 @@ def test_sdk_v2_local_mode_trains_mnist_with_code_in_s3(
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
         assert "train_mnist.py" in tar.getnames()
     record(result, "s3-code")
+
+
+# A job whose script fails on every rank: the SDK's fit() must raise with the job's exit code (not succeed).
+FAILING_FIT = """
+import json, sys, boto3
+from sagemaker.local import LocalSession
+from sagemaker.tensorflow import TensorFlow
+
+image, code, root = sys.argv[1:4]
+boto = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+opt_out = {"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}}
+session = LocalSession(boto_session=boto, default_bucket="unused", sagemaker_config=opt_out)
+session.config = {"local": {"local_code": True, "container_root": root}}
+estimator = TensorFlow(
+    image_uri=image, role="arn:aws:iam::123456789012:role/SageMakerRole", instance_type="local",
+    instance_count=2, entry_point="fail.py", source_dir=code, output_path="file://" + root + "/output",
+    distribution={"mpi": {"enabled": True, "processes_per_host": 1}}, sagemaker_session=session,
+)
+try:
+    estimator.fit()
+except RuntimeError as error:
+    print(json.dumps({"raised": str(error)}))
+else:
+    print(json.dumps({"raised": None}))
+"""
+
+
+def test_sdk_v2_local_mode_fit_raises_when_the_job_fails(
+    cpu_image: BuiltImage, sdk: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    python, env = sdk
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "fail.py").write_text("import sys\nprint('no data here', file=sys.stderr)\nsys.exit(3)\n")
+    root = tmp_path / "sdk"
+    root.mkdir()
+    proc = subprocess.run(
+        [python, "-c", FAILING_FIT, cpu_image.immutable, str(code), str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    try:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        raised = json.loads(proc.stdout.strip().splitlines()[-1])["raised"]
+        assert raised is not None, "fit() returned as if the job had succeeded"
+        assert "exited with code: 3" in raised, raised
+    finally:
+        for compose in root.glob("*/docker-compose.yaml"):
+            label = f"label=io.podman.compose.project={compose.parent.name}"
+            names = subprocess.run(
+                ["docker", "ps", "-a", "-q", "--filter", label],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            ).stdout.split()
+            if names:
+                subprocess.run(
+                    ["docker", "rm", "--force", *names],
+                    env=env,
+                    capture_output=True,
+                    timeout=120,
+                    check=False,
+                )
