@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .config import ResourceConfig
+from .hetero import Placement, group_env
 from .hyperparameters import to_env_value, to_script_args
 from .job import Job
 
@@ -28,6 +29,8 @@ HOST_KEYS = frozenset(
         "SM_TRAINING_ENV",
         "SM_NETWORK_INTERFACE_NAME",
         "SM_CURRENT_INSTANCE_TYPE",
+        "SM_CURRENT_INSTANCE_GROUP",
+        "SM_CURRENT_INSTANCE_GROUP_HOSTS",
     }
 )
 
@@ -118,6 +121,7 @@ def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) ->
         env[f"SM_CHANNEL_{_env_name(name)}"] = directory
     for key, value in hps.items():
         env[f"SM_HP_{_env_name(key)}"] = to_env_value(value)
+    env.update(group_env(job.resources, job.placement or Placement(job.resources.hosts, None, ())))
     env.update(host_env(job.resources, job.raw_resources, job.hardware.cpus, job.hardware.gpus, summary))
     return env
 

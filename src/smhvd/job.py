@@ -17,6 +17,7 @@ from .config import (
 )
 from .errors import ConfigError, WaitTimeout
 from .hardware import interface_names, num_cpus, num_gpus, route_interface
+from .hetero import Placement, placement
 from .hyperparameters import decode_hyperparameters, split_hyperparameters
 from .paths import SageMakerPaths
 from .settings import Settings, parse_settings
@@ -42,10 +43,37 @@ class Job:
     user_hyperparameters: Mapping[str, object]
     settings: Settings
     hardware: Hardware
+    placement: Placement | None = None  # heterogeneous clusters: where MPI runs (None: on every host)
 
     @property
     def multi_host(self) -> bool:
+        """The job spans hosts: the leader links to every other host (MPI workers and hosts outside MPI)."""
         return len(self.resources.hosts) > 1
+
+    @property
+    def mpi_hosts(self) -> tuple[str, ...]:
+        return self.placement.mpi_hosts if self.placement else self.resources.hosts
+
+    @property
+    def mpi_multi_host(self) -> bool:
+        return len(self.mpi_hosts) > 1
+
+    @property
+    def leader(self) -> str:
+        return self.mpi_hosts[0]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.resources.current_host == self.leader
+
+    @property
+    def runs_mpi_here(self) -> bool:
+        return self.resources.current_host in self.mpi_hosts
+
+    @property
+    def peers(self) -> tuple[str, ...]:
+        """Every host the leader links to: its MPI workers, then the hosts outside MPI."""
+        return tuple(h for h in self.resources.hosts if h != self.leader)
 
     @property
     def processes_per_host(self) -> int:
@@ -55,7 +83,7 @@ class Job:
     @property
     def num_processes(self) -> int:
         total = self.settings.mpi.num_processes
-        return total if total is not None else self.processes_per_host * len(self.resources.hosts)
+        return total if total is not None else self.processes_per_host * len(self.mpi_hosts)
 
 
 def load_job(paths: SageMakerPaths, hardware: Hardware | None = None) -> Job:
@@ -77,6 +105,7 @@ def load_job(paths: SageMakerPaths, hardware: Hardware | None = None) -> Job:
         user_hyperparameters=user,
         settings=settings,
         hardware=hardware or Hardware(cpus=num_cpus(), gpus=num_gpus()),
+        placement=placement(resources, raw_resources if isinstance(raw_resources, dict) else {}, reserved),
     )
     if job.multi_host and job.settings.mpi.enabled:
         job = with_usable_interface(job, interface_names(), route_interface)
@@ -122,12 +151,12 @@ def with_usable_interface(
 def validate_job(job: Job, interfaces: set[str]) -> None:
     """Cross-file checks: only what can be known before anything starts."""
     mpi = job.settings.mpi
-    if mpi.enabled and job.num_processes > job.processes_per_host * len(job.resources.hosts):
+    if mpi.enabled and job.num_processes > job.processes_per_host * len(job.mpi_hosts):
         raise ConfigError(
             "hyperparameters.json",
             "sagemaker_mpi_num_processes",
-            f"at most {job.processes_per_host * len(job.resources.hosts)} "
-            f"({job.processes_per_host} per host x {len(job.resources.hosts)} hosts)",
+            f"at most {job.processes_per_host * len(job.mpi_hosts)} "
+            f"({job.processes_per_host} per host x {len(job.mpi_hosts)} hosts)",
             job.num_processes,
         )
     iface = job.resources.network_interface_name

@@ -14,20 +14,22 @@ import selectors
 import signal
 import socket
 import struct
+import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import failure, hostenv, link
 from .errors import EX_STOPPED, EX_UNAVAILABLE, PeerError
 from .job import Job
-from .processes import kill_descendants, reap_orphans
+from .processes import die_with_parent, kill_descendants, reap_orphans
 from .signals import SignalWatch, is_stop
 from .sshd import ssh_port, start_sshd
 from .supervisor import stop_local_ranks
 
 log = logging.getLogger("smhvd")
+OUTSIDE_STOP_GRACE = 10.0  # a script outside MPI gets SIGTERM when the job ends, then SIGKILL after this
 STOP_GRACE = 110.0  # after SIGTERM, how long to wait for the leader's verdict (SageMaker kills at 120 s)
 
 
@@ -65,12 +67,14 @@ class LinkWaiter:
         start_timeout: float,
         watch: SignalWatch,
         silence_limit: float = link.SILENCE_LIMIT,
+        on_child: Callable[[], Verdict | None] | None = None,
     ) -> None:
         self.server = server
         self.leader = leader
         self.start_timeout = start_timeout
         self.watch = watch
         self.silence_limit = silence_limit
+        self.on_child = on_child  # called on SIGCHLD; a Verdict ends the wait (a script outside MPI failed)
         self.started = False
         self.last_heard = 0.0
         self.stopping_since: float | None = None
@@ -135,6 +139,9 @@ class LinkWaiter:
                 )
             elif sig == signal.SIGCHLD:
                 reap_orphans(keep)
+                verdict = self.on_child() if self.on_child else None
+                if verdict is not None:
+                    return verdict
         return None
 
     def _read(self, conn: socket.socket, sel: selectors.BaseSelector) -> Verdict | None:
@@ -170,14 +177,59 @@ class LinkWaiter:
         return None
 
 
-def run_worker(job: Job, run_dir: Path, rank_env: Mapping[str, str]) -> int:
-    """`rank_env`: what this host's ranks get (its container's variables, its SM_* values), see hostenv.py."""
+class OutsideScript:
+    """The entry point run once on a host outside the MPI instance groups (hetero.py), as the toolkit does."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], cwd: Path, host: str) -> None:
+        self.host = host
+        self.proc = subprocess.Popen(
+            list(command),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,  # noqa: PLW1509
+        )
+        self.reported = False
+
+    def check(self) -> Verdict | None:
+        """A Verdict when the script failed (the job fails with it); a success waits for the job's end."""
+        code = self.proc.poll()
+        if code is None or self.reported:
+            return None
+        self.reported = True
+        if code == 0:
+            log.info("the script finished on %s; waiting for the MPI job to end", self.host)
+            return None
+        code = code if code > 0 else 128 - code
+        return Verdict(
+            code, f"the script on {self.host} (outside the MPI instance groups) exited with code {code}"
+        )
+
+    def stop(self, grace: float = OUTSIDE_STOP_GRACE) -> None:
+        if self.proc.poll() is None:
+            log.info("the job ended: stopping the script on %s", self.host)
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(grace)
+
+
+def run_worker(
+    job: Job,
+    run_dir: Path,
+    rank_env: Mapping[str, str],
+    outside: tuple[Sequence[str], Path] | None = None,
+) -> int:
+    """`rank_env`: what this host's ranks get (its container's variables, its SM_* values), see hostenv.py.
+    `outside`: (command, cwd) of the script a host outside the MPI instance groups runs once."""
     port = ssh_port(os.environ)
-    leader = job.resources.leader
+    leader = job.leader
     with SignalWatch() as watch, contextlib.ExitStack() as stack:
         server = listen(port)
         stack.enter_context(hostenv.serving(port, rank_env))
         sshd = start_sshd(run_dir, port)
+        script = (
+            OutsideScript(outside[0], rank_env, outside[1], job.resources.current_host) if outside else None
+        )
         log.info(
             "sshd listening on port %d; waiting for the leader %s (up to %gs)",
             port,
@@ -185,7 +237,17 @@ def run_worker(job: Job, run_dir: Path, rank_env: Mapping[str, str]) -> int:
             job.settings.launcher.leader_timeout,
         )
         try:
-            verdict = LinkWaiter(server, leader, job.settings.launcher.leader_timeout, watch).wait([sshd.pid])
+            keep = [sshd.pid] + ([script.proc.pid] if script else [])
+            waiter = LinkWaiter(
+                server,
+                leader,
+                job.settings.launcher.leader_timeout,
+                watch,
+                on_child=script.check if script else None,
+            )
+            verdict = waiter.wait(keep)
+            if script:
+                script.stop()
         finally:
             server.close()
             sshd.terminate()

@@ -22,9 +22,12 @@ parser.add_argument("--crash_host", default="algo-2")
 parser.add_argument("--seconds", type=float, default=300.0)
 parser.add_argument("--record", default="", help="comma-separated variable names to record")
 parser.add_argument("--allreduce", default="false")
+parser.add_argument("--outside_seconds", type=float, default=0.0, help="a run outside MPI sleeps this long")
+parser.add_argument("--outside_exit", type=int, default=0, help="... then exits with this code")
 args = parser.parse_args()
 
-rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+outside_mpi = "OMPI_COMM_WORLD_RANK" not in os.environ  # a host outside the MPI instance groups
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "-1"))
 host = socket.gethostname()
 output = Path(os.environ["SM_OUTPUT_DATA_DIR"])
 checkpoints = Path(os.environ.get("SM_CHECKPOINT_DIR", "/opt/ml/checkpoints"))
@@ -44,6 +47,11 @@ record = {
     "time": time.time(),
     "env": {name: os.environ.get(name) for name in args.record.split(",") if name},
 }
+if outside_mpi:
+    (output / "outside.json").write_text(json.dumps(record))
+    print(f"outside MPI on {host}", flush=True)
+    time.sleep(args.outside_seconds)  # SIGTERM interrupts it through save_checkpoint
+    sys.exit(args.outside_exit)
 if args.allreduce == "true":
     from mpi4py import MPI
 
