@@ -28,7 +28,7 @@ log = logging.getLogger("smhvd")
 def plan_for(
     job: Job, program: Sequence[str], env: Mapping[str, str], run_dir: Path, code_dir: Path
 ) -> MpiPlan:
-    multi = job.multi_host
+    multi = job.mpi_multi_host
     pph = job.processes_per_host
     iface = job.resources.network_interface_name if multi else None
     set_env: list[tuple[str, str]] = []
@@ -101,22 +101,22 @@ def run_leader(
     """Run the job from the leader; `started_at` (time.time() when `train` started) dates the summary."""
     started_at = time.time() if started_at is None else started_at
     plan = plan_for(job, rank_command(program), env, run_dir, code_dir)
-    hosts = list(job.resources.hosts) if job.multi_host else ["localhost"]
+    hosts = list(job.mpi_hosts) if job.mpi_multi_host else ["localhost"]
     plan.hostfile.write_text(render_hostfile(hosts, job.processes_per_host))
     links: list[WorkerLink] = []
     with SignalWatch() as watch:
         if job.multi_host:
             port = ssh_port(os.environ)
-            assert plan.ssh_config is not None
-            plan.ssh_config.write_text(render_ssh_config(port))
+            ssh_config = run_dir / "ssh_config"  # the links' and (several MPI hosts) orted's
+            ssh_config.write_text(render_ssh_config(port))
             log.info(
                 "waiting for workers %s (up to %gs)",
-                ", ".join(job.resources.workers),
+                ", ".join(job.peers),
                 job.settings.launcher.peer_timeout,
             )
             links = connect_all(
-                job.resources.workers,
-                plan.ssh_config,
+                job.peers,
+                ssh_config,
                 port,
                 job.settings.launcher.peer_timeout,
                 watch.stop_requested,
@@ -159,7 +159,7 @@ def report(
     for host, ok in told.items():
         host_exits[host] = code if ok else "link lost before the end: exits on its own (69)"
     result = summary.summarize(
-        hosts=job.resources.hosts,
+        hosts=job.mpi_hosts,
         ranks=plan.num_processes,
         starts=outcome.output.starts,
         started_at=started_at,
