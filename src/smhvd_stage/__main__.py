@@ -1,0 +1,5 @@
+import sys
+
+from .coco import main
+
+sys.exit(main())

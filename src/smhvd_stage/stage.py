@@ -1,0 +1,141 @@
+"""Sync a validated layout to s3://BUCKET/PREFIX: diff, upload, verify, then the manifest last."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import manifest as M
+from .checksums import Md5Cache, StagedFile, checksum_all
+from .layout import Layout
+from .progress import Progress, human
+from .remote import Diff, diff, head, list_prefix, matches, s3_uri, stage_error
+from .transfer import run_parallel, upload_all, verify_all
+
+
+@dataclass(frozen=True)
+class Result:
+    files: int
+    uploaded: int
+    uploaded_bytes: int
+    extra: int
+    manifest_written: bool
+    channels: dict[str, str]
+    seconds: float
+
+
+def md5_bytes(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def _s3(what: str, call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except Exception as e:
+        raise stage_error(e, what) from None
+
+
+def _read_manifest(client: Any, bucket: str, key: str) -> bytes | None:
+    from botocore.exceptions import ClientError
+
+    try:
+        body: bytes = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
+            return None
+        raise
+    return body
+
+
+def _resolve_unsure(client: Any, bucket: str, prefix: str, d: Diff, jobs: int) -> Diff:
+    """Objects whose ETag is not an MD5 (multipart, SSE-KMS): equal only if their stored md5 says so."""
+    if not d.check:
+        return d
+    same_flags = run_parallel(d.check, lambda f: matches(f, head(client, bucket, prefix + f.key)), jobs)
+    same = tuple(f for f, ok in zip(d.check, same_flags, strict=True) if ok)
+    upload = tuple(f for f, ok in zip(d.check, same_flags, strict=True) if not ok)
+    return Diff(d.upload + upload, d.same + same, (), d.extra)
+
+
+def stage(
+    layout: Layout,
+    client: Any,
+    bucket: str,
+    prefix: str,
+    *,
+    jobs: int,
+    cache: Md5Cache,
+    log: Callable[[str], None],
+    progress_stream: TextIO,
+    dry_run: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+) -> Result:
+    start = clock()
+    where = s3_uri(bucket, prefix)
+    _s3(f"s3://{bucket}: bucket", lambda: client.head_bucket(Bucket=bucket))
+
+    total_bytes = sum(f.size for f in layout.files)
+    hashing = Progress("checksums", len(layout.files), total_bytes, progress_stream, clock=clock, lines=False)
+    files = checksum_all(layout.files, cache, jobs, on_done=lambda f: hashing.advance(f.size))
+    hashing.close()
+
+    remote = _s3(f"{where}: list", lambda: list_prefix(client, bucket, prefix))
+    d = _s3(
+        f"{where}: head",
+        lambda: _resolve_unsure(client, bucket, prefix, diff(files, remote, {M.MANIFEST_KEY}), jobs),
+    )
+    new_manifest = M.build(bucket, prefix, layout, files)
+    manifest_key = prefix + M.MANIFEST_KEY
+    existing = (
+        _s3(f"{s3_uri(bucket, manifest_key)}: read", lambda: _read_manifest(client, bucket, manifest_key))
+        if M.MANIFEST_KEY in remote
+        else None
+    )
+    up_bytes = sum(f.size for f in d.upload)
+    log(
+        f"{where}: {len(d.same)} of {len(files)} files already there, {len(d.upload)} to upload "
+        f"({human(up_bytes)})"
+    )
+    if d.extra:
+        log(f"{where}: {len(d.extra)} other objects under the prefix (left alone, not in the manifest)")
+    channels = M.channels(bucket, prefix, layout)
+    up_to_date = not d.upload and M.same_files(existing, new_manifest)
+    if dry_run or up_to_date:
+        if up_to_date:
+            log(f"{s3_uri(bucket, manifest_key)}: up to date, nothing to do")
+        return Result(len(files), 0, 0, len(d.extra), False, channels, clock() - start)
+
+    if existing is not None:  # the old manifest must not vouch for a prefix that is about to change
+        _s3(
+            f"{s3_uri(bucket, manifest_key)}: delete",
+            lambda: client.delete_object(Bucket=bucket, Key=manifest_key),
+        )
+    uploading = Progress("uploaded", len(d.upload), up_bytes, progress_stream, clock=clock)
+    try:
+        upload_all(client, bucket, prefix, d.upload, jobs, on_done=lambda f: uploading.advance(f.size))
+    finally:
+        uploading.close()
+    verify_all(client, bucket, prefix, d.upload, jobs)
+    if d.upload:
+        log(f"{where}: verified {len(d.upload)} uploaded objects (size + md5)")
+
+    body = M.encode(new_manifest)
+    manifest_file = StagedFile(M.MANIFEST_KEY, Path(M.MANIFEST_KEY), len(body), md5_bytes(body))
+    _s3(
+        f"{s3_uri(bucket, manifest_key)}: write",
+        lambda: client.put_object(
+            Bucket=bucket,
+            Key=manifest_key,
+            Body=body,
+            ContentMD5=manifest_file.content_md5,
+            ContentType="application/json",
+            Metadata={"md5": manifest_file.md5},
+        ),
+    )
+    verify_all(client, bucket, prefix, [manifest_file], 1)
+    log(f"{s3_uri(bucket, manifest_key)}: written ({len(files)} files)")
+    return Result(len(files), len(d.upload), up_bytes, len(d.extra), True, channels, clock() - start)
