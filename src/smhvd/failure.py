@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,6 +17,14 @@ from pathlib import Path
 MARKER = "@@smhvd-rank-failure@@ "
 FAILURE_LIMIT = 1024  # SageMaker shows the first 1024 characters as FailureReason
 _MAX_MARKER_TAIL = 2000  # keep the marker line well below a pipe's atomic write size
+# Frameworks' start-up chatter, which says nothing about a failure and would fill the 1024 characters:
+# TensorFlow's C++ log lines at levels I and W (`2026-01-01 10:00:00.123456: I tensorflow/...cc:113] ...`),
+# its cuDNN/cuFFT/cuBLAS "Unable to register ... factory" errors, and the line cpu_feature_guard continues on.
+STARTUP_NOISE = re.compile(
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] \S+\.cc:\d+\] .*"
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: E \S+\.cc:\d+\] Unable to register cu\w+ factory: .*"
+    r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\."
+)
 
 
 @dataclass(frozen=True)
@@ -63,10 +72,17 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def without_noise(text: str) -> str:
+    """`text` without the lines that are known framework start-up noise (STARTUP_NOISE)."""
+    lines = text.splitlines(keepends=True)
+    return "".join(line for line in lines if not STARTUP_NOISE.fullmatch(line.strip()))
+
+
 def compose(headline: str, detail: str = "", limit: int = FAILURE_LIMIT) -> str:
-    """One headline, then as much of the end of `detail` as fits, starting at a line boundary if possible."""
-    headline = headline.strip().replace("\n", " ")[:limit]
-    detail = detail.strip()
+    """One headline, then as much of the end of `detail` as fits (start-up noise dropped), starting at a line
+    boundary if possible."""
+    headline = " ".join(headline.split())[:limit]
+    detail = without_noise(detail).strip()
     room = limit - len(headline) - 1
     if not detail or room <= 0:
         return headline
@@ -78,7 +94,11 @@ def compose(headline: str, detail: str = "", limit: int = FAILURE_LIMIT) -> str:
 
 
 def write_failure(path: Path, text: str) -> bool:
-    """Write the failure reason unless one is there already. True when this call wrote it."""
+    """Write the failure reason unless one is there already. True when this call wrote it.
+
+    The text is encoded before the file is created: what UTF-8 cannot hold (a lone surrogate from a name in
+    the configuration or an archive) is written as a backslash escape, so the file is never left empty."""
+    data = text.encode("utf-8", errors="backslashreplace")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -86,6 +106,6 @@ def write_failure(path: Path, text: str) -> bool:
         return False
     except OSError:
         return False  # a failure we cannot record must not hide the one we are reporting
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     return True
