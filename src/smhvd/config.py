@@ -15,8 +15,9 @@ from pathlib import Path
 from .errors import ConfigError
 
 # A host name goes into ssh and mpirun argv: letters, digits, dot, dash, underscore; never a leading dash.
-_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-_CHANNEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Always matched with fullmatch: `$` would also match before a final newline ("algo-1\n").
+_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+_CHANNEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,32 @@ def read_json(path: Path, *, required: bool) -> object:
         return {}
     except OSError as exc:
         raise ConfigError(path, None, "a readable file", exc.strerror) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, None, f"UTF-8 text (invalid byte at offset {exc.start})") from None
+    return parse_json(text, path)
+
+
+def parse_json(text: str, source: Path | str) -> object:
+    """json.loads, with every way it can fail (syntax, nesting beyond the recursion limit, an integer of
+    more digits than Python converts) as one ConfigError naming the source."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(
-            path, None, f"valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
+            source, None, f"valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
         ) from None
+    except RecursionError:
+        raise ConfigError(
+            source, None, "JSON nested less deeply (it exceeds Python's recursion limit)"
+        ) from None
+    except ValueError as exc:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+        raise ConfigError(source, None, f"valid JSON ({exc})") from None
+
+
+def shown_key(key: str) -> str:
+    """A key as an error message shows it: as it is, or quoted with escapes when it holds a newline, a control
+    character or a lone surrogate (which could not even be written to the failure file)."""
+    return key if key.isprintable() else ascii(key)
 
 
 def _object(data: object, source: str) -> Mapping[str, object]:
@@ -81,7 +102,7 @@ def _object(data: object, source: str) -> Mapping[str, object]:
 
 
 def _host(value: object, source: str, key: str) -> str:
-    if not isinstance(value, str) or not _HOST_RE.match(value):
+    if not isinstance(value, str) or not _HOST_RE.fullmatch(value):
         raise ConfigError(source, key, "a host name (letters, digits, '.', '-', '_')", value)
     return value
 
@@ -147,8 +168,8 @@ def parse_input_data_config(data: object, source: str = "inputdataconfig.json") 
     obj = _object(data, source)
     channels = []
     for name in sorted(obj):
-        if not _CHANNEL_RE.match(name):
-            raise ConfigError(source, name, "a channel name (letters, digits, '_', '.', '-')")
+        if not _CHANNEL_RE.fullmatch(name):
+            raise ConfigError(source, shown_key(name), "a channel name (letters, digits, '_', '.', '-')")
         spec = _object(obj[name], f"{source}: {name}")
         mode = spec.get("TrainingInputMode", "File")
         if mode not in ("File", "Pipe", "FastFile"):

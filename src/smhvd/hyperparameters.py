@@ -11,21 +11,82 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from .config import shown_key
+from .errors import ConfigError
+
+SOURCE = "hyperparameters.json"
 # Keys with these prefixes configure the launcher; they never reach the script's command line.
 RESERVED_PREFIXES = ("sagemaker_", "horovod_", "launcher_")
+# Every hyperparameter travels in the environment of each rank, all of them together in single variables
+# (SM_HPS, SM_TRAINING_ENV, the script's argv), and Linux limits one variable to 128 KiB (MAX_ARG_STRLEN).
+# Half of that for all of them (as JSON) leaves room for the rest of SM_TRAINING_ENV. SageMaker itself
+# allows 2500 characters per value.
+MAX_TOTAL_BYTES = 64 * 1024
+MAX_DEPTH = 100  # nesting of a decoded value (lists, objects)
 
 
-def decode_value(value: object) -> object:
+def decode_value(value: object, key: str = "") -> object:
     if not isinstance(value, str):
         return value
     try:
         return json.loads(value)
+    except RecursionError:
+        raise ConfigError(SOURCE, shown_key(key), f"a value nested at most {MAX_DEPTH} deep") from None
     except ValueError:
         return value
 
 
 def decode_hyperparameters(raw: Mapping[str, object]) -> dict[str, object]:
-    return {key: decode_value(value) for key, value in raw.items()}
+    """Decoded values; every key and value checked to be something a command line and an environment carry."""
+    decoded = {key: decode_value(value, key) for key, value in raw.items()}
+    for key, value in decoded.items():
+        check_value(key, value)
+    check_size(decoded)
+    return decoded
+
+
+def _carriable(text: str) -> bool:
+    """No NUL (it ends a C string: exec fails) and valid Unicode (a lone surrogate cannot be encoded)."""
+    if "\0" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_value(key: str, value: object) -> None:
+    """Refuse what no process can receive as an argument or variable: one ConfigError naming the key."""
+    expected = "text without NUL characters or lone surrogates (it becomes an argument and a variable)"
+    if not _carriable(key):
+        raise ConfigError(SOURCE, shown_key(key), f"a name of {expected}")
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:  # iterative: a value may be nested almost to the recursion limit
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ConfigError(SOURCE, shown_key(key), f"a value nested at most {MAX_DEPTH} deep")
+        if isinstance(item, str) and not _carriable(item):
+            raise ConfigError(SOURCE, shown_key(key), expected, item)
+        if isinstance(item, Mapping):
+            stack += [(k, depth + 1) for k in item] + [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            stack += [(v, depth + 1) for v in item]
+
+
+def check_size(decoded: Mapping[str, object]) -> None:
+    """All hyperparameters together fit in one environment variable; the error names the largest."""
+    sizes = {key: len(json.dumps({key: value})) for key, value in decoded.items()}
+    total = sum(sizes.values())
+    if total > MAX_TOTAL_BYTES:
+        largest = max(sizes, key=lambda k: sizes[k])
+        raise ConfigError(
+            SOURCE,
+            shown_key(largest),
+            f"hyperparameters of at most {MAX_TOTAL_BYTES} bytes in all (each rank gets them in one "
+            "environment variable, which Linux limits to 128 KiB; SageMaker allows 2500 characters a value), "
+            f"got {total} bytes, {sizes[largest]} of them this one",
+        )
 
 
 def is_reserved(key: str) -> bool:

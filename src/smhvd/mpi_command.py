@@ -135,6 +135,17 @@ def default_options(plan: MpiPlan) -> list[tuple[str, list[str]]]:
     return options
 
 
+# The -x NAME=VALUE constants the leader may set (leader.plan_for); like default_options, droppable by name.
+LAUNCHER_ENV_NAMES = frozenset({"NCCL_SOCKET_IFNAME"})
+
+
+def default_names() -> frozenset[str]:
+    """Every name launcher_drop_mpi_defaults accepts: each default default_options can give (asked of a plan
+    with every optional default on), and the launcher's -x constants."""
+    every = MpiPlan(1, Path(), Path(), (), interface="eth0", ssh_config=Path(), yield_when_idle=True)
+    return frozenset(name for name, _ in default_options(every)) | LAUNCHER_ENV_NAMES
+
+
 def user_names(custom: Sequence[str]) -> set[str]:
     """What the user's own options set: option names (no dashes), MCA keys, and `-x` variable names."""
     names: set[str] = set()

@@ -13,8 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .mpi_command import default_names
 
 SOURCE = "hyperparameters.json"
+# Ranks per host (and in all, per host): at most this many. Open MPI reads -np as a C int (a larger value
+# wraps, e.g. to -1), and the largest SageMaker instances have 192 vCPUs and 8 GPUs: 1024 processes on one
+# host is already far beyond what can run there, and any bound keeps a typo from reaching mpirun.
+MAX_PROCESSES_PER_HOST = 1024
+# Timeouts: SageMaker's longest allowed max_run is 28 days; select() refuses much larger timeouts.
+MAX_SECONDS = 28 * 24 * 3600
+# Horovod reads these as C ints / int64 byte counts: bounds far above any useful value, below any overflow.
+MAX_FUSION_THRESHOLD_MB = 1024 * 1024  # 1 TiB
+MAX_CYCLE_TIME_MS = 3_600_000.0
 
 
 @dataclass(frozen=True)
@@ -118,7 +128,10 @@ def _bool(hps: Mapping[str, object], key: str, default: bool) -> bool:
     raise ConfigError(SOURCE, key, "true or false", value)
 
 
-def _number(hps: Mapping[str, object], key: str, *, minimum: float, integer: bool) -> float | None:
+def _number(
+    hps: Mapping[str, object], key: str, *, minimum: float, maximum: float, integer: bool
+) -> float | None:
+    """A finite number within [minimum, maximum]; None when the key is absent or empty."""
     if key not in hps or hps[key] in (None, ""):
         return None
     value = hps[key]
@@ -126,16 +139,18 @@ def _number(hps: Mapping[str, object], key: str, *, minimum: float, integer: boo
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ConfigError(SOURCE, key, f"{kind} >= {minimum:g}", value)
     try:
-        number = float(value)
-    except ValueError:
+        number = float(value)  # "Infinity", "1e400" and 5000-digit strings give inf: refused below
+    except (ValueError, OverflowError):
         raise ConfigError(SOURCE, key, f"{kind} >= {minimum:g}", value) from None
-    if math.isnan(number) or number < minimum or (integer and not number.is_integer()):
+    if number > maximum:
+        raise ConfigError(SOURCE, key, f"{kind} <= {maximum:.12g}", value)
+    if not math.isfinite(number) or number < minimum or (integer and not number.is_integer()):
         raise ConfigError(SOURCE, key, f"{kind} >= {minimum:g}", value)
     return number
 
 
-def _int(hps: Mapping[str, object], key: str, *, minimum: int) -> int | None:
-    number = _number(hps, key, minimum=minimum, integer=True)
+def _int(hps: Mapping[str, object], key: str, *, minimum: int, maximum: int) -> int | None:
+    number = _number(hps, key, minimum=minimum, maximum=maximum, integer=True)
     return None if number is None else int(number)
 
 
@@ -148,6 +163,16 @@ def _names(hps: Mapping[str, object], key: str) -> tuple[str, ...]:
     if isinstance(value, str):
         return tuple(v for v in value.replace(",", " ").split() if v)
     raise ConfigError(SOURCE, key, "a comma-separated list of names", value)
+
+
+def _default_names(hps: Mapping[str, object], key: str) -> frozenset[str]:
+    """Names of mpirun defaults to drop: each must name one (a typo must not pass silently)."""
+    known = default_names()
+    names = _names(hps, key)
+    for name in names:
+        if name not in known:
+            raise ConfigError(SOURCE, key, f"names of mpirun defaults ({', '.join(sorted(known))})", name)
+    return frozenset(names)
 
 
 def _str(hps: Mapping[str, object], key: str) -> str | None:
@@ -183,30 +208,47 @@ def parse_settings(reserved: Mapping[str, object]) -> Settings:
     log_level = _str(reserved, "horovod_log_level")
     if log_level is not None and log_level.lower() not in _HOROVOD_LOG_LEVELS:
         raise ConfigError(SOURCE, "horovod_log_level", " | ".join(_HOROVOD_LOG_LEVELS), log_level)
-    container_log_level = _int(reserved, "sagemaker_container_log_level", minimum=0)
+    container_log_level = _int(reserved, "sagemaker_container_log_level", minimum=0, maximum=50)
 
     return Settings(
         mpi=MpiSettings(
             enabled=_bool(reserved, "sagemaker_mpi_enabled", True),
-            processes_per_host=_int(reserved, "sagemaker_mpi_num_of_processes_per_host", minimum=1),
-            num_processes=_int(reserved, "sagemaker_mpi_num_processes", minimum=1),
+            processes_per_host=_int(
+                reserved, "sagemaker_mpi_num_of_processes_per_host", minimum=1, maximum=MAX_PROCESSES_PER_HOST
+            ),
+            # (validate_job then holds it to per-host x hosts)
+            num_processes=_int(reserved, "sagemaker_mpi_num_processes", minimum=1, maximum=2**31 - 1),
             custom_options=split_mpi_options(reserved.get("sagemaker_mpi_custom_mpi_options")),
-            drop_defaults=frozenset(_names(reserved, "launcher_drop_mpi_defaults")),
+            drop_defaults=_default_names(reserved, "launcher_drop_mpi_defaults"),
         ),
         horovod=HorovodSettings(
             timeline=_bool(reserved, "horovod_timeline", False),
             timeline_mark_cycles=_bool(reserved, "horovod_timeline_mark_cycles", False),
             autotune=_bool(reserved, "horovod_autotune", False),
-            fusion_threshold_mb=_number(reserved, "horovod_fusion_threshold_mb", minimum=0, integer=False),
-            cycle_time_ms=_number(reserved, "horovod_cycle_time_ms", minimum=0.01, integer=False),
-            stall_check_seconds=_int(reserved, "horovod_stall_check_seconds", minimum=0),
-            stall_shutdown_seconds=_int(reserved, "horovod_stall_shutdown_seconds", minimum=0),
+            fusion_threshold_mb=_number(
+                reserved,
+                "horovod_fusion_threshold_mb",
+                minimum=0,
+                maximum=MAX_FUSION_THRESHOLD_MB,
+                integer=False,
+            ),
+            cycle_time_ms=_number(
+                reserved, "horovod_cycle_time_ms", minimum=0.01, maximum=MAX_CYCLE_TIME_MS, integer=False
+            ),
+            stall_check_seconds=_int(reserved, "horovod_stall_check_seconds", minimum=0, maximum=MAX_SECONDS),
+            stall_shutdown_seconds=_int(
+                reserved, "horovod_stall_shutdown_seconds", minimum=0, maximum=MAX_SECONDS
+            ),
             log_level=log_level.lower() if log_level else None,
         ),
         launcher=LauncherSettings(
-            peer_timeout=_number(reserved, "launcher_peer_timeout_seconds", minimum=1, integer=False)
+            peer_timeout=_number(
+                reserved, "launcher_peer_timeout_seconds", minimum=1, maximum=MAX_SECONDS, integer=False
+            )
             or 600.0,
-            leader_timeout=_number(reserved, "launcher_leader_timeout_seconds", minimum=1, integer=False)
+            leader_timeout=_number(
+                reserved, "launcher_leader_timeout_seconds", minimum=1, maximum=MAX_SECONDS, integer=False
+            )
             or 900.0,
             forward_env=_names(reserved, "launcher_forward_env"),
             forward_aws_credentials=_bool(reserved, "launcher_forward_aws_credentials", False),

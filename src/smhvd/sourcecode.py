@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zlib
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import urlparse
 
+from .config import shown_key
 from .errors import ConfigError, RequirementsError, SourceError
 from .paths import SageMakerPaths
 from .settings import ProgramSettings
@@ -115,16 +117,17 @@ def extract_archive(archive: Path, target: Path, label: str) -> None:
                 parts = PurePosixPath(member.name).parts
                 if PurePosixPath(member.name).is_absolute() or ".." in parts:
                     raise SourceError(
-                        f"sagemaker_submit_directory: {label}: unsafe path in archive: {member.name}"
+                        f"sagemaker_submit_directory: {label}: unsafe path in archive: "
+                        f"{shown_key(member.name)}"
                     )
                 if not (member.isfile() or member.isdir()):
                     raise SourceError(
                         f"sagemaker_submit_directory: {label}: only files and directories are allowed, "
-                        f"found {member.name}"
+                        f"found {shown_key(member.name)}"
                     )
             target.mkdir(parents=True, exist_ok=True)
             tar.extractall(target, members=members)  # noqa: S202  (members validated above)
-    except (tarfile.TarError, OSError) as exc:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:  # EOFError: a truncated .tar.gz
         raise SourceError(
             f"sagemaker_submit_directory: {label}: not a readable tar archive ({exc})"
         ) from None
