@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ from .job import Job
 from .mpi_command import MpiPlan, build_mpirun_argv, display, env_mca_keys, forwarded_names
 from .mpi_output import parse_mpirun_verdict
 from .peers import WorkerLink, connect_all
+from .rank import RANK_ARGV
 from .signals import SignalWatch
 from .sshd import render_ssh_config, ssh_port
 from .supervisor import Outcome, supervise
@@ -52,8 +54,17 @@ def plan_for(
 
 
 def rank_command(program: Sequence[str]) -> list[str]:
-    """Every rank runs under the wrapper (smhvd.rank), with this interpreter."""
+    """The program under the wrapper (smhvd.rank), with this interpreter, started directly (MPI disabled)."""
     return [sys.executable, "-m", "smhvd.rank", "--", *program]
+
+
+def mpirun_rank_command(program: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The rank command for mpirun's command line, and the environment that carries the program's argv.
+
+    The argv travels as JSON in RANK_ARGV (forwarded to other hosts by name, `-x SMHVD_RANK_ARGV`), never on
+    mpirun's command line: there a user's value `:` starts a second program, and `-np`, `--app` or `-x` are
+    read as mpirun's own options. The wrapper takes it out of the program's environment."""
+    return [sys.executable, "-m", "smhvd.rank"], {**env, RANK_ARGV: json.dumps(list(program))}
 
 
 def failure_reason(outcome: Outcome) -> str:
@@ -100,7 +111,8 @@ def run_leader(
 ) -> int:
     """Run the job from the leader; `started_at` (time.time() when `train` started) dates the summary."""
     started_at = time.time() if started_at is None else started_at
-    plan = plan_for(job, rank_command(program), env, run_dir, code_dir)
+    command, env = mpirun_rank_command(program, env)
+    plan = plan_for(job, command, env, run_dir, code_dir)
     hosts = list(job.mpi_hosts) if job.mpi_multi_host else ["localhost"]
     plan.hostfile.write_text(render_hostfile(hosts, job.processes_per_host))
     links: list[WorkerLink] = []

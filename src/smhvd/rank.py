@@ -1,4 +1,5 @@
-"""The rank wrapper: `python -m smhvd.rank -- PROGRAM ARGS`, started by mpirun for every rank.
+"""The rank wrapper: `python -m smhvd.rank -- PROGRAM ARGS`, or under mpirun `python -m smhvd.rank` with the
+argv in SMHVD_RANK_ARGV (so that no user value is ever parsed by mpirun); started by mpirun for every rank.
 
 - Takes this host's own environment from its `train` (hostenv.py): the container's variables and its own
   SM_* values (mpirun forwards the leader's), so each rank sees its own SM_CURRENT_HOST and what SageMaker
@@ -7,30 +8,36 @@
   marker line (failure.MARKER + JSON) that the leader picks out of mpirun's output as the root cause.
 - Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP to the program. A stop request (SIGTERM or SIGINT) that
   ends the program counts as a clean exit, so mpirun does not kill the other ranks while they checkpoint.
-- The program dies with the wrapper (PR_SET_PDEATHSIG): nothing outlives a killed rank.
+- The program dies with the wrapper (PR_SET_PDEATHSIG): nothing outlives a killed rank. The rank ends when
+  the program exits: whatever it left running (even holding its stdout/stderr) is killed then.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 
 from . import hostenv
 from .errors import LauncherError
 from .failure import RankFailure
-from .processes import die_with_parent
+from .processes import become_subreaper, die_with_parent, kill_descendants
 from .sshd import ssh_port
 from .summary import RankStart
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 TAIL_BYTES = 8192
+# The program's argv under mpirun (JSON, from leader.mpirun_rank_command): never on mpirun's command line.
+RANK_ARGV = "SMHVD_RANK_ARGV"
+DRAIN_LIMIT = 1 << 20  # after the program exited: at most this much of what is already in its stderr pipe
 
 
 def local_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -51,7 +58,37 @@ def _identity(env: Mapping[str, str]) -> tuple[int | None, str | None]:
     return (int(rank) if rank and rank.isdigit() else None), env.get("SM_CURRENT_HOST")
 
 
+def stderr_until_exit(proc: subprocess.Popen[bytes]) -> Iterator[bytes]:
+    """The program's stderr as it comes, until the program exits (not until every copy of the pipe closes: a
+    child it left running may hold it forever); then what is already in the pipe, bounded."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    exited = os.pidfd_open(proc.pid)
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            sel.register(exited, selectors.EVENT_READ)
+            while True:
+                ready = {key.fd for key, _ in sel.select()}
+                if fd in ready:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        return
+                    yield chunk
+                elif exited in ready:
+                    break
+    finally:
+        os.close(exited)
+    os.set_blocking(fd, False)
+    drained = 0
+    with contextlib.suppress(BlockingIOError):
+        while drained < DRAIN_LIMIT and (chunk := os.read(fd, 65536)):
+            drained += len(chunk)
+            yield chunk
+
+
 def run(program: list[str]) -> int:
+    become_subreaper()  # what the program leaves behind is re-parented here, and killed when it exits
     env = local_env(os.environ)
     stop_requested = False
     proc = subprocess.Popen(program, env=env, stderr=subprocess.PIPE, preexec_fn=die_with_parent)  # noqa: PLW1509
@@ -71,8 +108,7 @@ def run(program: list[str]) -> int:
     size = 0
     last = b"\n"
     assert proc.stderr is not None
-    fd = proc.stderr.fileno()
-    while chunk := os.read(fd, 65536):
+    for chunk in stderr_until_exit(proc):
         os.write(2, chunk)
         last = chunk[-1:]
         tail.append(chunk)
@@ -80,6 +116,9 @@ def run(program: list[str]) -> int:
         while size > TAIL_BYTES and len(tail) > 1:
             size -= len(tail.popleft())
     code = proc.wait()
+    # The job's end is the program's exit: what it left running (a child holding its stdout or stderr, which
+    # mpirun would wait for) is killed now. This wrapper is their subreaper, so daemons are found too.
+    kill_descendants()
 
     if code == 0 or (stop_requested and -code in STOP_SIGNALS):
         return 0
@@ -99,10 +138,19 @@ def run(program: list[str]) -> int:
     return code if code > 0 else 128 - code
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def program_argv(args: list[str], env: MutableMapping[str, str]) -> list[str]:
+    """`-- PROGRAM ARGS` when started directly; under mpirun, RANK_ARGV (taken out of the environment)."""
     if args[:1] == ["--"]:
-        args = args[1:]
+        return args[1:]
+    if not args and RANK_ARGV in env:
+        value = json.loads(env.pop(RANK_ARGV))
+        if isinstance(value, list) and all(isinstance(a, str) for a in value):
+            return value
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = program_argv(sys.argv[1:] if argv is None else argv, os.environ)
     if not args:
         sys.stderr.write("usage: python -m smhvd.rank -- PROGRAM [ARGS...]\n")
         return 64

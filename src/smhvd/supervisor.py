@@ -10,9 +10,11 @@ MPI_Finalize): mpirun gets SIGTERM, which ends the ranks on every host, then SIG
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import time
@@ -30,6 +32,7 @@ log = logging.getLogger("smhvd")
 RANK_MODULE = "smhvd.rank"
 ABORT_GRACE = 5.0  # Open MPI said the job aborts -> mpirun gets SIGTERM if still running after this long
 KILL_GRACE = 3.0  # ... and SIGKILL (with whatever it left on this host) this long after that
+DRAIN_LIMIT = 1 << 20  # after the command exited: at most this much of what is already in its stderr pipe
 
 
 @dataclass
@@ -76,10 +79,12 @@ def supervise(
     stderr_fd = proc.stderr.fileno()
     own = watch is None
     watch = watch or SignalWatch().__enter__()
+    exited = os.pidfd_open(proc.pid)
     try:
         with selectors.DefaultSelector() as sel:
             sel.register(stderr_fd, selectors.EVENT_READ)
             sel.register(watch.fileno(), selectors.EVENT_READ)
+            sel.register(exited, selectors.EVENT_READ)
             open_stream = True
             next_tick = time.monotonic() + tick_interval
             hung = _HungAbort(proc)
@@ -97,26 +102,61 @@ def supervise(
                             open_stream = False
                             break
                         os.write(2, output.feed(data))
+                    elif key.fd == exited:
+                        # The job ends when the command does, not when every copy of its stderr closes (a
+                        # process it left behind may hold one): take what is in the pipe, stop reading.
+                        _drain(stderr_fd, output)
+                        open_stream = False
+                        break
                     else:
-                        for sig in watch.drain():
-                            if is_stop(sig) and not stopped:
-                                stopped = True
-                                ranks = stop_local_ranks()
-                                log.warning(
-                                    "%s received: SIGTERM sent to %d local rank(s)",
-                                    signal.Signals(sig).name,
-                                    len(ranks),
-                                )
-                            elif sig == signal.SIGCHLD:
-                                reap_orphans(keep_pids)
+                        stopped = _on_signals(watch, stopped, keep_pids)
         os.write(2, output.flush())
         code = proc.wait()
+        remove_session_dir(proc.pid, env)
     finally:
+        os.close(exited)
         if own:
             watch.__exit__(None, None, None)
     if hung.ended:
         return Outcome(exit_code=EX_MPI_ABORT, output=output, stopped=stopped, ended_hung_abort=True)
     return Outcome(exit_code=code if code >= 0 else 128 - code, output=output, stopped=stopped)
+
+
+def _on_signals(watch: SignalWatch, stopped: bool, keep_pids: set[int]) -> bool:
+    """A stop request goes to the local ranks (once); orphans are reaped. Whether a stop was requested."""
+    for sig in watch.drain():
+        if is_stop(sig) and not stopped:
+            stopped = True
+            ranks = stop_local_ranks()
+            log.warning("%s received: SIGTERM sent to %d local rank(s)", signal.Signals(sig).name, len(ranks))
+        elif sig == signal.SIGCHLD:
+            reap_orphans(keep_pids)
+    return stopped
+
+
+def _drain(fd: int, output: StderrFilter) -> None:
+    """Pass on what is already in the pipe (bounded: a leftover process may keep writing)."""
+    os.set_blocking(fd, False)
+    drained = 0
+    with contextlib.suppress(BlockingIOError):
+        while drained < DRAIN_LIMIT and (data := os.read(fd, 65536)):
+            drained += len(data)
+            os.write(2, output.feed(data))
+
+
+def session_dirs(pid: int, env: Mapping[str, str]) -> list[Path]:
+    """The session directory mpirun `pid` made (Open MPI 4: TMPDIR/ompi.<node>.<uid>/pid.<pid>; its temp
+    dir is TMPDIR, else TEMP, else TMP, else /tmp)."""
+    tmp = Path(env.get("TMPDIR") or env.get("TEMP") or env.get("TMP") or "/tmp")
+    return sorted(tmp.glob(f"ompi.*.{os.getuid()}/pid.{pid}"))
+
+
+def remove_session_dir(pid: int, env: Mapping[str, str]) -> None:
+    """Remove what mpirun `pid` left in its temp dir (it does so itself only when it ends cleanly)."""
+    for directory in session_dirs(pid, env):
+        shutil.rmtree(directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            directory.parent.rmdir()  # only when empty: another job on this host may use it
 
 
 class _HungAbort:
