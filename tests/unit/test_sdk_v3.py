@@ -282,3 +282,32 @@ def test_train_hands_a_command_job_back_to_v3s_script(tmp_path):
     if not Path("/opt/ml/input/data/sm_drivers/sm_train.sh").exists():
         assert "/opt/ml/input/data/sm_drivers/sm_train.sh" in proc.stderr  # bash ran v3's command
         assert proc.returncode != 0
+
+
+BASH_ENV_FILE = Path(__file__).resolve().parents[2] / "docker" / "scripts" / "sdk-v3-bash-env.sh"
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (sdk_v3.SM_TRAIN_COMMAND, "train ran, BASH_ENV=unset"),  # v3's command: handed to `train`
+        ("echo other", "other"),  # any other shell: untouched
+        (sdk_v3.SM_TRAIN_COMMAND + " ", "chmod"),  # not exactly v3's command: runs as written (and fails)
+    ],
+)
+def test_the_images_bash_env_hands_exactly_v3s_command_to_train(tmp_path, command, expected):
+    fake = tmp_path / "bin" / "train"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "train ran, BASH_ENV=${BASH_ENV-unset}"\n')
+    fake.chmod(0o755)
+    proc = subprocess.run(
+        ["/bin/bash", "-c", command],
+        env={"PATH": f"{fake.parent}:/usr/bin:/bin", "BASH_ENV": str(BASH_ENV_FILE)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert expected in out
+    assert ("train ran" in out) == (command == sdk_v3.SM_TRAIN_COMMAND)
