@@ -9,6 +9,7 @@ Layout written: s3://BUCKET/PREFIX/{train,val,annotations,pretrained}/ and, last
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,17 +116,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)  # stop like Ctrl-C: what is uploaded stays, no manifest
     try:
         return run(args)
     except StageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
-        print(
-            f"{PROG}: interrupted; no manifest written: run the same command again to resume", file=sys.stderr
-        )
+        print(f"{PROG}: interrupted, no manifest written: run the same command to resume", file=sys.stderr)
         return INTERRUPTED
     except PermissionError as e:
         print(f"{PROG}: error: {e.filename}: permission denied", file=sys.stderr)

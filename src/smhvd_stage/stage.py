@@ -114,14 +114,19 @@ def stage(
             f"{s3_uri(bucket, manifest_key)}: delete",
             lambda: client.delete_object(Bucket=bucket, Key=manifest_key),
         )
+    t_upload = clock()
     uploading = Progress("uploaded", len(d.upload), up_bytes, progress_stream, clock=clock)
     try:
         upload_all(client, bucket, prefix, d.upload, jobs, on_done=lambda f: uploading.advance(f.size))
     finally:
         uploading.close()
+    t_verify = clock()
     verify_all(client, bucket, prefix, d.upload, jobs)
     if d.upload:
-        log(f"{where}: verified {len(d.upload)} uploaded objects (size + md5)")
+        log(
+            f"{where}: uploaded {len(d.upload)} objects in {t_verify - t_upload:.1f}s, verified them "
+            f"(HEAD: size + md5) in {clock() - t_verify:.1f}s"
+        )
 
     body = M.encode(new_manifest)
     manifest_file = StagedFile(M.MANIFEST_KEY, Path(M.MANIFEST_KEY), len(body), md5_bytes(body))

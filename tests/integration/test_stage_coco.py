@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -372,3 +373,46 @@ def test_wrapper_script_dry_run_uploads_nothing(tmp_path, s3_server, bucket, coc
     assert "would stage 12 files" in result.stderr
     assert keys(s3_server, bucket) == {}
     assert subprocess.run([argv[0]], capture_output=True, check=False).returncode == 2
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_run_leaves_no_manifest_and_a_rerun_resumes(sig, tmp_path, s3_server, bucket):
+    root = tmp_path / "coco"
+    weights = write_coco(root, n_train=300)
+    dest = f"s3://{bucket}/coco"
+    env = {**os.environ, "AWS_ENDPOINT_URL_S3": endpoint(s3_server), "AWS_DEFAULT_REGION": "us-east-1"}
+    env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    argv = [
+        sys.executable,
+        "-m",
+        "smhvd_stage.coco",
+        str(root),
+        dest,
+        "--weights",
+        str(weights),
+        "--jobs",
+        "1",
+    ]
+    proc = subprocess.Popen(
+        [*argv, "--checksum-cache", "none"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 (Ctrl-C as in a terminal)
+    )
+    wait_until(lambda: keys(s3_server, bucket) or None, what="the first upload", timeout=60, maximum=0.05)
+    proc.send_signal(sig)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.rstrip().splitlines()[-1] == (
+        "smhvd-stage-coco: interrupted, no manifest written: run the same command to resume"
+    )
+    present = set(keys(s3_server, bucket))
+    assert "coco/_manifest.json" not in present
+    assert 0 < len(present) < 306
+
+    done = stage(tmp_path, str(root), dest, "--weights", str(weights), port=s3_server)
+    assert done.returncode == 0, done.stderr
+    assert uploaded_count(done.stderr) == 306 - len(present)
+    assert "coco/_manifest.json" in keys(s3_server, bucket)
