@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from . import manifest as M
 from .checksums import Md5Cache, StagedFile, checksum_all
+from .errors import SOFTWARE, StageError
 from .layout import Layout
 from .progress import Progress, human
 from .remote import Diff, diff, head, list_prefix, matches, s3_uri, stage_error
@@ -59,6 +60,27 @@ def _resolve_unsure(client: Any, bucket: str, prefix: str, d: Diff, jobs: int) -
     same = tuple(f for f, ok in zip(d.check, same_flags, strict=True) if ok)
     upload = tuple(f for f, ok in zip(d.check, same_flags, strict=True) if not ok)
     return Diff(d.upload + upload, d.same + same, (), d.extra)
+
+
+def _verify_prefix(client: Any, bucket: str, prefix: str, files: Sequence[StagedFile], jobs: int) -> None:
+    """Before the manifest vouches for them: every planned file is in the bucket with its size and MD5.
+
+    One listing per 1000 objects (a single-part PUT's ETag is the MD5 of the bytes S3 stored), a HEAD only
+    for objects whose ETag is not an MD5 (SSE-KMS, multipart), where the stored `md5` metadata decides."""
+    where = s3_uri(bucket, prefix)
+    remote = _s3(f"{where}: verify", lambda: list_prefix(client, bucket, prefix))
+    d = _s3(
+        f"{where}: verify", lambda: _resolve_unsure(client, bucket, prefix, diff(files, remote, set()), jobs)
+    )
+    if d.upload:
+        f = d.upload[0]
+        obj = remote.get(f.key)
+        found = "nothing" if obj is None else f"{obj.size} bytes, ETag {obj.etag}"
+        raise StageError(
+            f"{s3_uri(bucket, prefix + f.key)}: verify failed: expected {f.size} bytes md5 {f.md5}, found "
+            f"{found}; {len(d.upload)} objects differ",
+            SOFTWARE,
+        )
 
 
 def stage(
@@ -121,12 +143,11 @@ def stage(
     finally:
         uploading.close()
     t_verify = clock()
-    verify_all(client, bucket, prefix, d.upload, jobs)
-    if d.upload:
-        log(
-            f"{where}: uploaded {len(d.upload)} objects in {t_verify - t_upload:.1f}s, verified them "
-            f"(HEAD: size + md5) in {clock() - t_verify:.1f}s"
-        )
+    _verify_prefix(client, bucket, prefix, files, jobs)
+    log(
+        f"{where}: uploaded {len(d.upload)} objects in {t_verify - t_upload:.1f}s; all {len(files)} verified "
+        f"(size + md5) in {clock() - t_verify:.1f}s"
+    )
 
     body = M.encode(new_manifest)
     manifest_file = StagedFile(M.MANIFEST_KEY, Path(M.MANIFEST_KEY), len(body), md5_bytes(body))

@@ -416,3 +416,25 @@ def test_a_stopped_run_leaves_no_manifest_and_a_rerun_resumes(sig, tmp_path, s3_
     assert done.returncode == 0, done.stderr
     assert uploaded_count(done.stderr) == 306 - len(present)
     assert "coco/_manifest.json" in keys(s3_server, bucket)
+
+
+def test_verification_catches_an_object_that_differs(tmp_path, s3_server, bucket, coco):
+    from smhvd_stage.checksums import Md5Cache, checksum_all
+    from smhvd_stage.errors import SOFTWARE, StageError
+    from smhvd_stage.layout import validate
+    from smhvd_stage.stage import _verify_prefix
+
+    root, weights = coco
+    assert (
+        stage(tmp_path, str(root), f"s3://{bucket}/v", "--weights", str(weights), port=s3_server).returncode
+        == 0
+    )
+    files = checksum_all(validate(root, weights).files, Md5Cache(None), jobs=2)
+    client = s3(s3_server)
+    _verify_prefix(client, bucket, "v/", files, jobs=2)
+    client.put_object(Bucket=bucket, Key="v/val/000000000001.jpg", Body=b"something else")
+    with pytest.raises(StageError) as e:
+        _verify_prefix(client, bucket, "v/", files, jobs=2)
+    assert e.value.code == SOFTWARE
+    assert str(e.value).startswith(f"s3://{bucket}/v/val/000000000001.jpg: verify failed: expected ")
+    assert str(e.value).endswith("found 14 bytes, ETag 6c7ba9c5a141421e1c03cb9807c97c74; 1 objects differ")
