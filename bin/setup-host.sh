@@ -71,6 +71,8 @@ if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
     "${pip[@]}" install -q --no-build-isolation -r "$repo/requirements/horovod.txt"
 fi
 
+"${pip[@]}" install -q -r "$repo/requirements/diagnostics.txt"   # py-spy: stack dumps of hung ranks
+
 if [ "$dev" = 1 ]; then
   "${pip[@]}" install -q -r "$repo/requirements/dev.txt"
 fi

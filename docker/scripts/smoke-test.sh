@@ -28,7 +28,7 @@ case "${1:-}" in
       gpu) required+=(NCCL) ;;
       *) echo "smoke-test: flavor must be cpu or gpu, not '${2:-}'" >&2; exit 2 ;;
     esac
-    on_path mpirun sshd ssh horovodrun
+    on_path mpirun sshd ssh horovodrun py-spy
     python -c 'import horovod.tensorflow, tensorpack, mpi4py.MPI, cv2, pycocotools.mask, sagemaker_training'
     report=$(horovodrun --check-build)
     echo "$report"

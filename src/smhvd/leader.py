@@ -22,9 +22,11 @@ from .peers import WorkerLink, connect_all
 from .rank import RANK_ARGV
 from .signals import SignalWatch
 from .sshd import render_ssh_config, ssh_port
-from .supervisor import Outcome, supervise
+from .stacks import StackDumper
+from .supervisor import STOP_DUMP_WAIT, Dumps, Outcome, supervise
 
 log = logging.getLogger("smhvd")
+DUMP_LINE_LIMIT = 400  # of the failure file's 1024 characters, at most this much for a stack dump's summary
 
 
 def plan_for(
@@ -81,15 +83,22 @@ def failure_reason(outcome: Outcome) -> str:
     return failure.compose(f"mpirun exited with code {outcome.exit_code}", outcome.output.tail_text())
 
 
-def conclude(job: Job, outcome: Outcome) -> tuple[int, str]:
-    """The job's exit code and failure reason; writes the failure file (first writer wins)."""
+def conclude(job: Job, outcome: Outcome, dump_line: str | None = None) -> tuple[int, str]:
+    """The job's exit code and failure reason; writes the failure file (first writer wins). A stack dump's
+    summary line, when one was taken, comes first (and makes a stopped job leave a failure file too)."""
     if outcome.stopped:
         log.info("job stopped (mpirun exit %d)", outcome.exit_code)
+        if dump_line:
+            failure.write_failure(job.paths.failure_file, failure.compose(dump_line, "the job was stopped"))
         return EX_STOPPED, ""
     if outcome.exit_code == 0:
         log.info("job succeeded")
         return 0, ""
     reason = failure_reason(outcome)
+    if dump_line:
+        first = dump_line.replace("\n", " ")[:DUMP_LINE_LIMIT]
+        head, _, tail = reason.partition("\n")
+        reason = first + "\n" + failure.compose(head, tail, limit=failure.FAILURE_LIMIT - len(first) - 1)
     failure.write_failure(job.paths.failure_file, reason)
     log.error("job failed (exit %d): %s", outcome.exit_code, reason.splitlines()[0])
     return outcome.exit_code, reason
@@ -136,6 +145,9 @@ def run_leader(
             tell_all(links, {"event": "start"})
         argv = build_mpirun_argv(plan)
         log.info("starting %d processes: %s", plan.num_processes, display(argv))
+        stacks = StackDumper(
+            job.resources.current_host, job.paths.output_data_dir, job.mpi_hosts[1:], plan.ssh_config
+        )
         outcome = supervise(
             argv,
             env,
@@ -143,8 +155,10 @@ def run_leader(
             keep=[w.proc.pid for w in links],
             watch=watch,
             tick=functools.partial(tell_all, links, {"event": "alive"}) if links else None,
+            dumps=Dumps(stacks.start, stacks.wait, job.settings.launcher.hang_dump_seconds),
         )
-    code, reason = conclude(job, outcome)
+        stacks.wait(STOP_DUMP_WAIT)
+    code, reason = conclude(job, outcome, stacks.last_line)
     told = {w.host: w.send({"event": "end", "exit_code": code, "reason": reason}) for w in links}
     for worker in links:
         worker.close()

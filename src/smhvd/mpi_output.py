@@ -34,6 +34,9 @@ ABORT_SIGNS = (
     "ORTE has lost communication with a remote daemon",
     "ORTE does not know how to route a message",
 )
+# Horovod's stall inspector: "One or more tensors were submitted to be reduced, gathered or broadcasted by
+# subset of ranks and are waiting for remainder of ranks for more than 60 seconds. ..."
+HOROVOD_STALL = "are waiting for remainder of ranks"
 _RULE = re.compile(r"^-{20,}$")
 _SENTENCE_END = re.compile(r"(?<=[.;])\s")
 NOTICE_LIMIT = 300
@@ -56,6 +59,7 @@ class StderrFilter:
         self._tail_size = 0
         self._keep = keep_bytes
         self.abort_notice: str | None = None  # Open MPI's own word that the job aborts
+        self.stall_notice: str | None = None  # Horovod's stall warning (ranks waiting for others)
         self._block: list[str] = []  # lines of the current Open MPI message (between rules of dashes)
         self._partial = b""  # the shown output's last, unfinished line
 
@@ -97,6 +101,8 @@ class StderrFilter:
 
     def _scan_line(self, line: str) -> None:
         """Open MPI's messages stand between rules of dashes: read each whole message when it closes."""
+        if self.stall_notice is None and HOROVOD_STALL in line:
+            self.stall_notice = line[:NOTICE_LIMIT]
         if not _RULE.match(line):
             self._block.append(line)
             if len(self._block) > 60:  # not a message block: keep the memory bounded

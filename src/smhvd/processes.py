@@ -16,11 +16,13 @@ from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PTRACER = 0x59616D61  # Yama
+_PR_SET_PTRACER_ANY = ctypes.c_ulong(-1).value
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _prctl(option: int, value: int) -> None:
-    if _libc.prctl(option, value, 0, 0, 0) != 0:
+    if _libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno))
 
@@ -32,6 +34,14 @@ def become_subreaper() -> None:
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """For preexec_fn: the child gets `sig` when its parent dies (no orphans left running)."""
     _prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+def rank_program_preexec() -> None:
+    """For a rank's program: die with the rank wrapper, and let a stack dumper that is not its ancestor
+    (py-spy, started by the launcher) read it where Yama restricts ptrace to ancestors."""
+    die_with_parent()
+    with contextlib.suppress(OSError):  # no Yama: nothing to allow
+        _prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY)
 
 
 def read_process_table(proc: Path = Path("/proc")) -> dict[int, tuple[int, str]]:

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from . import hostenv
 from .errors import LauncherError
 from .failure import RankFailure
-from .processes import become_subreaper, die_with_parent, kill_descendants
+from .processes import become_subreaper, kill_descendants, rank_program_preexec
 from .sshd import ssh_port
 from .summary import RankStart
 
@@ -91,7 +91,7 @@ def run(program: list[str]) -> int:
     become_subreaper()  # what the program leaves behind is re-parented here, and killed when it exits
     env = local_env(os.environ)
     stop_requested = False
-    proc = subprocess.Popen(program, env=env, stderr=subprocess.PIPE, preexec_fn=die_with_parent)  # noqa: PLW1509
+    proc = subprocess.Popen(program, env=env, stderr=subprocess.PIPE, preexec_fn=rank_program_preexec)  # noqa: PLW1509
     os.write(2, RankStart(*_identity(env), at=time.time()).to_marker().encode())  # for the job summary
 
     def forward(signum: int, _frame: object) -> None:

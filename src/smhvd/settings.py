@@ -78,6 +78,7 @@ class LauncherSettings:
     leader_timeout: float = 900.0  # worker: how long to wait for the leader to start the job
     forward_env: tuple[str, ...] = ()  # extra variable names (or PREFIX*) forwarded to ranks
     forward_aws_credentials: bool = False
+    hang_dump_seconds: float | None = None  # stack dumps of every rank after this long without any output
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ LAUNCHER_KEYS = {
     "launcher_forward_env",
     "launcher_forward_aws_credentials",
     "launcher_drop_mpi_defaults",
+    "launcher_hang_dump_seconds",
 }
 _HOROVOD_LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
@@ -252,6 +254,9 @@ def parse_settings(reserved: Mapping[str, object]) -> Settings:
             or 900.0,
             forward_env=_names(reserved, "launcher_forward_env"),
             forward_aws_credentials=_bool(reserved, "launcher_forward_aws_credentials", False),
+            hang_dump_seconds=_number(
+                reserved, "launcher_hang_dump_seconds", minimum=1, maximum=MAX_SECONDS, integer=False
+            ),
         ),
         program=ProgramSettings(
             program=_str(reserved, "sagemaker_program"),

@@ -6,7 +6,7 @@ import signal
 import socket
 from types import TracebackType
 
-WATCHED = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP)
+WATCHED = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1)  # USR1: stack dumps
 
 
 class SignalWatch:

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import link
@@ -31,7 +31,10 @@ from .signals import SignalWatch, is_stop
 log = logging.getLogger("smhvd")
 RANK_MODULE = "smhvd.rank"
 ABORT_GRACE = 5.0  # Open MPI said the job aborts -> mpirun gets SIGTERM if still running after this long
-KILL_GRACE = 3.0  # ... and SIGKILL (with whatever it left on this host) this long after that
+KILL_GRACE = 3.0
+# On a stop, the dump may hold up the loop (and the heartbeats to workers, which give up after 10 s of
+# silence) this long before the ranks are stopped.
+STOP_DUMP_WAIT = 8.0  # ... and SIGKILL (with whatever it left on this host) this long after that
 DRAIN_LIMIT = 1 << 20  # after the command exited: at most this much of what is already in its stderr pipe
 
 
@@ -62,9 +65,12 @@ def supervise(
     watch: SignalWatch | None = None,
     tick: Callable[[], object] | None = None,
     tick_interval: float = link.HEARTBEAT_INTERVAL,
+    dumps: Dumps | None = None,
 ) -> Outcome:
-    """Run argv to its end. `tick` (the leader's heartbeat to its workers) is called every tick_interval."""
+    """Run argv to its end. `tick` (the leader's heartbeat to its workers) is called every tick_interval;
+    `dumps` says when to take stack dumps of every rank (SIGUSR1, a stop, a Horovod stall, silence)."""
     output = StderrFilter()
+    dumps = dumps or Dumps(lambda _why: None)
     proc = subprocess.Popen(
         list(argv),
         env=dict(env),
@@ -93,7 +99,9 @@ def supervise(
                     tick()
                     next_tick = time.monotonic() + tick_interval
                 hung.check(output.abort_notice)
-                deadlines = [t for t in (next_tick if tick else None, hung.next_step()) if t is not None]
+                dumps.check(output)
+                steps = (next_tick if tick else None, hung.next_step(), dumps.next_step())
+                deadlines = [t for t in steps if t is not None]
                 timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
                 for key, _ in sel.select(timeout):
                     if key.fd == stderr_fd:
@@ -102,6 +110,7 @@ def supervise(
                             open_stream = False
                             break
                         os.write(2, output.feed(data))
+                        dumps.heard()
                     elif key.fd == exited:
                         # The job ends when the command does, not when every copy of its stderr closes (a
                         # process it left behind may hold one): take what is in the pipe, stop reading.
@@ -109,7 +118,7 @@ def supervise(
                         open_stream = False
                         break
                     else:
-                        stopped = _on_signals(watch, stopped, keep_pids)
+                        stopped = _on_signals(watch, stopped, keep_pids, dumps)
         os.write(2, output.flush())
         code = proc.wait()
         remove_session_dir(proc.pid, env)
@@ -122,11 +131,16 @@ def supervise(
     return Outcome(exit_code=code if code >= 0 else 128 - code, output=output, stopped=stopped)
 
 
-def _on_signals(watch: SignalWatch, stopped: bool, keep_pids: set[int]) -> bool:
-    """A stop request goes to the local ranks (once); orphans are reaped. Whether a stop was requested."""
+def _on_signals(watch: SignalWatch, stopped: bool, keep_pids: set[int], dumps: Dumps) -> bool:
+    """A stop request goes to the local ranks (once, after a stack dump); orphans are reaped; SIGUSR1 takes
+    a stack dump. Whether a stop was requested."""
     for sig in watch.drain():
-        if is_stop(sig) and not stopped:
+        if sig == signal.SIGUSR1:
+            dumps.dump("SIGUSR1")
+        elif is_stop(sig) and not stopped:
             stopped = True
+            dumps.dump(f"stopped by {signal.Signals(sig).name}")
+            dumps.settle(STOP_DUMP_WAIT)  # the ranks' stacks before they are stopped
             ranks = stop_local_ranks()
             log.warning("%s received: SIGTERM sent to %d local rank(s)", signal.Signals(sig).name, len(ranks))
         elif sig == signal.SIGCHLD:
@@ -157,6 +171,35 @@ def remove_session_dir(pid: int, env: Mapping[str, str]) -> None:
         shutil.rmtree(directory, ignore_errors=True)
         with contextlib.suppress(OSError):
             directory.parent.rmdir()  # only when empty: another job on this host may use it
+
+
+@dataclass
+class Dumps:
+    """When to take stack dumps of every rank (stacks.py), besides SIGUSR1 and a stop: once when Horovod
+    reports a stall, and once per silence when no rank has written anything for `silence` seconds."""
+
+    dump: Callable[[str], object]  # starts a dump in the background
+    settle: Callable[[float], object] = lambda _timeout: None  # waits (bounded) for the dump to finish
+    silence: float | None = None  # launcher_hang_dump_seconds
+    last_heard: float = field(default_factory=time.monotonic)
+    stall_dumped: bool = False
+    silence_dumped: bool = False
+
+    def heard(self) -> None:
+        self.last_heard = time.monotonic()
+        self.silence_dumped = False
+
+    def next_step(self) -> float | None:
+        return None if self.silence is None or self.silence_dumped else self.last_heard + self.silence
+
+    def check(self, output: StderrFilter) -> None:
+        if output.stall_notice is not None and not self.stall_dumped:
+            self.stall_dumped = True
+            self.dump("Horovod reported a stall")
+        step = self.next_step()
+        if step is not None and time.monotonic() >= step:
+            self.silence_dumped = True
+            self.dump(f"no output from any rank for {self.silence:g}s")
 
 
 class _HungAbort:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import failure, hostenv, link
+from . import failure, hostenv, link, stacks
 from .errors import EX_STOPPED, EX_UNAVAILABLE, PeerError
 from .job import Job
 from .processes import die_with_parent, kill_descendants, reap_orphans
@@ -68,6 +68,7 @@ class LinkWaiter:
         watch: SignalWatch,
         silence_limit: float = link.SILENCE_LIMIT,
         on_child: Callable[[], Verdict | None] | None = None,
+        on_dump: Callable[[str], object] | None = None,
     ) -> None:
         self.server = server
         self.leader = leader
@@ -75,6 +76,7 @@ class LinkWaiter:
         self.watch = watch
         self.silence_limit = silence_limit
         self.on_child = on_child  # called on SIGCHLD; a Verdict ends the wait (a script outside MPI failed)
+        self.on_dump = on_dump  # stack dumps of this host's ranks (SIGUSR1, and before a stop)
         self.started = False
         self.last_heard = 0.0
         self.stopping_since: float | None = None
@@ -128,10 +130,14 @@ class LinkWaiter:
         if isinstance(obj, socket.socket):
             return self._read(obj, sel)
         for sig in self.watch.drain():
-            if is_stop(sig) and self.stopping_since is None:
+            if sig == signal.SIGUSR1 and self.on_dump is not None:
+                self.on_dump("SIGUSR1")
+            elif is_stop(sig) and self.stopping_since is None:
                 self.stopping_since = time.monotonic()
                 if not self.started:
                     return Verdict(EX_STOPPED, "")
+                if self.on_dump is not None:
+                    self.on_dump(f"stopped by {signal.Signals(sig).name}")
                 log.warning(
                     "%s received: SIGTERM sent to %d local rank(s); waiting for the leader",
                     signal.Signals(sig).name,
@@ -175,6 +181,12 @@ class LinkWaiter:
                     code if isinstance(code, int) else EX_UNAVAILABLE, str(event.get("reason") or "")
                 )
         return None
+
+
+def dump_here(host: str, output_data_dir: Path, reason: str) -> None:
+    """This host's ranks' stacks to output/data/stacks (the leader dumps every host's on its own triggers)."""
+    line = stacks.summary_line(stacks.dump_host(host, output_data_dir), reason)
+    log.warning("%s (files in %s)", line, output_data_dir / "stacks")
 
 
 class OutsideScript:
@@ -223,13 +235,12 @@ def run_worker(
     `outside`: (command, cwd) of the script a host outside the MPI instance groups runs once."""
     port = ssh_port(os.environ)
     leader = job.leader
+    host = job.resources.current_host
     with SignalWatch() as watch, contextlib.ExitStack() as stack:
         server = listen(port)
         stack.enter_context(hostenv.serving(port, rank_env))
         sshd = start_sshd(run_dir, port)
-        script = (
-            OutsideScript(outside[0], rank_env, outside[1], job.resources.current_host) if outside else None
-        )
+        script = OutsideScript(outside[0], rank_env, outside[1], host) if outside else None
         log.info(
             "sshd listening on port %d; waiting for the leader %s (up to %gs)",
             port,
@@ -244,6 +255,7 @@ def run_worker(
                 job.settings.launcher.leader_timeout,
                 watch,
                 on_child=script.check if script else None,
+                on_dump=lambda why: dump_here(host, job.paths.output_data_dir, why),
             )
             verdict = waiter.wait(keep)
             if script:
