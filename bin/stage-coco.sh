@@ -10,7 +10,7 @@ usage() {
 usage: bin/stage-coco.sh SOURCE_DIR s3://BUCKET/PREFIX [--weights FILE.npz] [--endpoint-url URL]
                          [--region REGION] [--jobs N] [--dry-run] [--checksum-cache FILE|none]
 SOURCE_DIR holds train2017/, val2017/, annotations/instances_{train,val}2017.json (as downloaded).
-Writes s3://BUCKET/PREFIX/{train,val,annotations,pretrained}/ then PREFIX/_manifest.json; prints inputs={...}.
+Writes s3://BUCKET/PREFIX/{train,val,annotations,pretrained}/ then PREFIX/annotations/_manifest.json; prints inputs={...}.
 Exit codes: 2 usage, 65 bad data, 66 missing input, 69 bucket/endpoint unavailable, 70 verify failed,
 74 local read error, 77 no credentials / access denied, 130 interrupted (re-run to resume).
 USAGE

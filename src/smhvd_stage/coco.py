@@ -3,7 +3,7 @@
     smhvd-stage-coco /data/coco s3://BUCKET/coco2017 --weights ImageNet-R50-AlignPadding.npz
 
 Layout read:    DIR/train2017/, DIR/val2017/, DIR/annotations/instances_{train,val}2017.json
-Layout written: s3://BUCKET/PREFIX/{train,val,annotations,pretrained}/ and, last, PREFIX/_manifest.json
+Layout written: s3://BUCKET/PREFIX/{train,val,annotations,pretrained}/, last PREFIX/annotations/_manifest.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The manifest written last under the prefix, and the channel URIs to paste into an estimator.
 
-A prefix is complete only when `_manifest.json` exists and lists exactly the files (key, size, MD5). The
-manifest is deleted before anything under the prefix changes and written only after every upload was
+A prefix is complete only when `annotations/_manifest.json` exists and lists exactly the files (key, size,
+MD5). The manifest is deleted before anything under the prefix changes and written only after every upload was
 verified, so an interrupted run leaves a prefix without one: nothing that a later run or a job would trust.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 from .checksums import StagedFile
 from .layout import ANNOTATIONS_CHANNEL, PRETRAINED_CHANNEL, Layout
 
-MANIFEST_KEY = "_manifest.json"
+# In the annotations channel, so that a training job receives it and can check its data against it.
+MANIFEST_KEY = "annotations/_manifest.json"
 FORMAT = "smhvd-stage-coco/1"
 
 

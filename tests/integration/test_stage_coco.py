@@ -171,7 +171,7 @@ def test_first_run_uploads_everything_second_run_nothing(tmp_path, s3_server, bu
     first = stage(tmp_path, str(root), dest, "--weights", str(weights), port=s3_server)
     assert first.returncode == 0, first.stderr
     prefix = "datasets/coco2017/"
-    assert set(keys(s3_server, bucket)) == expected_keys(prefix) | {prefix + "_manifest.json"}
+    assert set(keys(s3_server, bucket)) == expected_keys(prefix) | {prefix + "annotations/_manifest.json"}
     assert "train: 6 images (1 without annotations), 6 annotations (1 crowd), 2 categories" in first.stderr
     assert "val: 3 images (1 without annotations), 3 annotations (1 crowd), 2 categories" in first.stderr
     assert "pretrained: ImageNet-R50-AlignPadding.npz, 2 arrays" in first.stderr
@@ -185,27 +185,33 @@ def test_first_run_uploads_everything_second_run_nothing(tmp_path, s3_server, bu
     client = s3(s3_server)
     body = client.get_object(Bucket=bucket, Key="datasets/coco2017/train/000000000001.jpg")["Body"].read()
     assert body == (root / "train2017" / "000000000001.jpg").read_bytes()
-    manifest = json.loads(client.get_object(Bucket=bucket, Key=prefix + "_manifest.json")["Body"].read())
+    manifest = json.loads(
+        client.get_object(Bucket=bucket, Key=prefix + "annotations/_manifest.json")["Body"].read()
+    )
     assert set(manifest["files"]) == {k[len(prefix) :] for k in expected_keys(prefix)}
     assert manifest["channels"] == namespace["inputs"]
     head = client.head_object(Bucket=bucket, Key=prefix + "annotations/instances_val2017.json")
     assert head["Metadata"]["md5"] == manifest["files"]["annotations/instances_val2017.json"]["md5"]
 
-    before = client.head_object(Bucket=bucket, Key=prefix + "_manifest.json")["LastModified"]
+    before = client.head_object(Bucket=bucket, Key=prefix + "annotations/_manifest.json")["LastModified"]
     again = stage(tmp_path, str(root), dest, "--weights", str(weights), port=s3_server)
     assert again.returncode == 0, again.stderr
     assert uploaded_count(again.stderr) == 0
     assert "12 of 12 files already there" in again.stderr
     assert "_manifest.json: up to date, nothing to do" in again.stderr
     assert again.stdout == first.stdout
-    assert client.head_object(Bucket=bucket, Key=prefix + "_manifest.json")["LastModified"] == before
+    assert (
+        client.head_object(Bucket=bucket, Key=prefix + "annotations/_manifest.json")["LastModified"] == before
+    )
 
     # One image changes: only it is uploaded, and the manifest is rewritten to match.
     (root / "val2017" / "000000000002.jpg").write_bytes(b"\xff\xd8 not the same image")
     third = stage(tmp_path, str(root), dest, "--weights", str(weights), port=s3_server)
     assert third.returncode == 0, third.stderr
     assert uploaded_count(third.stderr) == 1
-    manifest = json.loads(client.get_object(Bucket=bucket, Key=prefix + "_manifest.json")["Body"].read())
+    manifest = json.loads(
+        client.get_object(Bucket=bucket, Key=prefix + "annotations/_manifest.json")["Body"].read()
+    )
     assert manifest["files"]["val/000000000002.jpg"]["size"] == len(b"\xff\xd8 not the same image")
 
 
@@ -279,14 +285,14 @@ def test_interrupted_upload_is_completed_by_the_next_run(tmp_path, s3_server, bu
     assert re.search(r"s3://stage-\d+/coco/\S+: (upload of|verify|list)", line), line
     present = set(keys(s3_server, bucket))
     wanted = expected_keys("coco/", n_train=30)
-    assert "coco/_manifest.json" not in present  # nothing a later run or a job would trust
+    assert "coco/annotations/_manifest.json" not in present  # nothing a later run or a job would trust
     assert 0 < len(present) < len(wanted), present
     assert present < wanted
 
     done = stage(tmp_path, str(root), dest, "--weights", str(weights), port=s3_server)
     assert done.returncode == 0, done.stderr
     assert uploaded_count(done.stderr) == len(wanted - present)
-    assert set(keys(s3_server, bucket)) == wanted | {"coco/_manifest.json"}
+    assert set(keys(s3_server, bucket)) == wanted | {"coco/annotations/_manifest.json"}
     assert stage(tmp_path, str(root), dest, "--weights", str(weights), port=s3_server).returncode == 0
 
 
@@ -409,13 +415,13 @@ def test_a_stopped_run_leaves_no_manifest_and_a_rerun_resumes(sig, tmp_path, s3_
         "smhvd-stage-coco: interrupted, no manifest written: run the same command to resume"
     )
     present = set(keys(s3_server, bucket))
-    assert "coco/_manifest.json" not in present
+    assert "coco/annotations/_manifest.json" not in present
     assert 0 < len(present) < 306
 
     done = stage(tmp_path, str(root), dest, "--weights", str(weights), port=s3_server)
     assert done.returncode == 0, done.stderr
     assert uploaded_count(done.stderr) == 306 - len(present)
-    assert "coco/_manifest.json" in keys(s3_server, bucket)
+    assert "coco/annotations/_manifest.json" in keys(s3_server, bucket)
 
 
 def test_verification_catches_an_object_that_differs(tmp_path, s3_server, bucket, coco):
