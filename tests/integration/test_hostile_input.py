@@ -100,7 +100,8 @@ LEAVES_A_CHILD = """
     if os.fork() == 0:  # and a daemon, re-parented away from the script
         os.setsid()
         grandchild = subprocess.Popen(["sleep", "301"])
-        (out / "daemon.pid").write_text(str(grandchild.pid))
+        (out / "daemon.tmp").write_text(str(grandchild.pid))
+        os.rename(out / "daemon.tmp", out / "daemon.pid")  # complete when it appears
         os._exit(0)
     while not (out / "daemon.pid").exists():
         time.sleep(0.01)
