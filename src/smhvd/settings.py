@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import shown_key
 from .errors import ConfigError
 from .mpi_command import default_names
 
@@ -205,7 +206,7 @@ def parse_settings(reserved: Mapping[str, object]) -> Settings:
     )
     if unknown:
         known = sorted(HOROVOD_KEYS if unknown[0].startswith("horovod_") else LAUNCHER_KEYS)
-        raise ConfigError(SOURCE, unknown[0], f"a known key ({', '.join(known)})")
+        raise ConfigError(SOURCE, shown_key(unknown[0]), f"a known key ({', '.join(known)})")
 
     log_level = _str(reserved, "horovod_log_level")
     if log_level is not None and log_level.lower() not in _HOROVOD_LOG_LEVELS:

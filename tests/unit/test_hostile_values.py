@@ -76,6 +76,7 @@ def test_started_directly_the_wrapper_takes_its_arguments():
         ),
         ({"launcher_drop_mpi_defaults": "bind_to"}, "launcher_drop_mpi_defaults: expected names of mpirun"),
         ({"launcher_drop_mpi_defaults": ["map-by", "mapby"]}, "got 'mapby'"),
+        ({"launcher_x\n": "1"}, "hyperparameters.json: 'launcher_x\\n': expected a known key"),
     ],
 )
 def test_absurd_launcher_values_are_config_errors(reserved, message):
