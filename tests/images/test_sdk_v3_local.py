@@ -65,7 +65,8 @@ def sdk_v3(engine_env: dict[str, str]) -> dict[str, str]:
 
 
 # Run by the SDK's python: the user's code as in the SDK's documentation, nothing of ours but the image.
-# argv: IMAGE ROOT SPEC (JSON: hyperparameters; optional: source_dir + entry_script, mpi, channels).
+# argv: IMAGE ROOT SPEC (JSON: hyperparameters; optional: source_dir + entry_script or command, mpi,
+# channels).
 TRAINER = textwrap.dedent(
     """
     import json, sys
@@ -82,7 +83,9 @@ TRAINER = textwrap.dedent(
         compute=Compute(instance_type="local_cpu", instance_count=2),
         hyperparameters=spec["hyperparameters"],
     )
-    if "source_dir" in spec:
+    if "command" in spec:
+        kwargs["source_code"] = SourceCode(source_dir=spec["source_dir"], command=spec["command"])
+    elif "source_dir" in spec:
         kwargs["source_code"] = SourceCode(source_dir=spec["source_dir"], entry_script=spec["entry_script"])
     if "mpi" in spec:
         kwargs["distributed"] = MPI(**spec["mpi"])
@@ -247,3 +250,20 @@ def test_without_source_code_the_image_runs_train_as_for_any_sdk(
         member = tar.extractfile("world.txt")
         assert member is not None
         assert member.read() == b"2 hello"
+
+
+def test_a_command_job_is_left_to_v3s_own_script(
+    cpu_image: BuiltImage, sdk_v3: dict[str, str], tmp_path: Path
+) -> None:
+    """SourceCode(command=...): a shell command of the user's, which v3 evals on every host; `train` hands the
+    container back to v3's sm_train.sh unchanged (and without the BASH_ENV hook, so no loop)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "README").write_text("a command job needs a source_dir\n")
+    spec = {"source_dir": str(code), "command": "python -c 'print(6*7)'", "hyperparameters": {}}
+    run = run_trainer(sdk_v3, cpu_image.immutable, tmp_path, "command", spec)
+    assert run.exit_code == 0, run.out[-3000:]
+    assert "left to v3's sm_train.sh: SourceCode.command" in run.out
+    assert "Training Container Execution Completed" in run.out
+    printed = [line for line in run.out.splitlines() if line.rstrip().endswith(" 42")]
+    assert len(printed) == 2, run.out[-3000:]  # once per host, as v3 does it
