@@ -58,6 +58,15 @@ def cluster_tools() -> None:
 
 
 @pytest.fixture
+def code_dir(tmp_path: Path) -> Path:
+    """A job's code directory holding the probe training script (probe_job.py)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(Path(__file__).with_name("probe_job.py"), code / "probe_job.py")
+    return code
+
+
+@pytest.fixture
 def make_cluster(cluster_tools: None, tmp_path: Path) -> Iterator[MakeCluster]:
     """make_cluster(hosts=2, **spec_fields) -> a cluster that is up; torn down and checked afterwards."""
     clusters: list[Cluster] = []

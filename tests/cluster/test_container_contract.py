@@ -5,7 +5,6 @@ that the hosts do not have. Each test runs `train` on both hosts, as SageMaker d
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +18,6 @@ from smhvd.cluster.jobs import HostProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
-PROBE = Path(__file__).with_name("probe_job.py")
 HOSTS = ("algo-1", "algo-2")
 
 
@@ -33,11 +31,9 @@ class Launch(Protocol):
 
 
 @pytest.fixture
-def launch(cluster_tools: None, tmp_path: Path) -> Iterator[Launch]:
+def launch(cluster_tools: None, tmp_path: Path, code_dir: Path) -> Iterator[Launch]:
     clusters: list[Cluster] = []
-    code = tmp_path / "code"
-    code.mkdir()
-    shutil.copy(PROBE, code / "probe_job.py")
+    code = code_dir
 
     def start(
         host_env: dict[str, dict[str, str]], interface: str = "eth0", **hyperparameters: object

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +17,6 @@ from smhvd.cluster.jobs import HostProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
-PROBE = Path(__file__).with_name("probe_job.py")
 HOSTS = ("algo-1", "algo-2", "algo-3")
 GROUPS = {"gpu": ["algo-2", "algo-1"], "data": ["algo-3"]}  # unsorted, as SageMaker lists them
 
@@ -28,11 +26,9 @@ class Launch(Protocol):
 
 
 @pytest.fixture
-def launch(cluster_tools: None, tmp_path: Path) -> Iterator[Launch]:
+def launch(cluster_tools: None, tmp_path: Path, code_dir: Path) -> Iterator[Launch]:
     clusters: list[Cluster] = []
-    code = tmp_path / "code"
-    code.mkdir()
-    shutil.copy(PROBE, code / "probe_job.py")
+    code = code_dir
 
     def start(**hyperparameters: object) -> tuple[Cluster, dict[str, HostProcess]]:
         hps = {"sagemaker_program": "probe_job.py", "sagemaker_distribution_instance_groups": ["gpu"]}

@@ -6,7 +6,6 @@ SageMaker stops a job). Each test bounds how long hosts take to exit; bounds lea
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import threading
 import time
@@ -22,21 +21,12 @@ from smhvd.cluster.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
-PROBE = Path(__file__).with_name("probe_job.py")
 HOSTS = ("algo-1", "algo-2")
 RANKS_TIMEOUT = 60.0  # train start -> both ranks running, on a loaded machine
 
 
 def _hp(value: object) -> str:
     return json.dumps(value)
-
-
-@pytest.fixture
-def code_dir(tmp_path: Path) -> Path:
-    code = tmp_path / "code"
-    code.mkdir()
-    shutil.copy(PROBE, code / "probe_job.py")
-    return code
 
 
 class Launch(Protocol):
