@@ -36,7 +36,7 @@ lint: setup ## ruff, mypy (strict), shellcheck, hadolint
 	command -v shellcheck >/dev/null || { apt-get update -qq && apt-get install -y -qq shellcheck; }
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
-	$(VENV)/bin/mypy src/smhvd
+	$(VENV)/bin/mypy src/smhvd src/smhvd_stage
 	shellcheck -x bin/*.sh bin/lib/*.sh .ci/run docker/scripts/*.sh
 	$(VENV)/bin/hadolint $(wildcard docker/Dockerfile*)
 
