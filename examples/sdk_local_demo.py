@@ -44,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--image", required=True, help="the local image, e.g. localhost/sagemaker-horovod:cpu")
     p.add_argument("--code-source", choices=["local", "s3"], default="local")
     p.add_argument("--s3-endpoint", default=None, help="S3-compatible endpoint (for --code-source s3)")
+    p.add_argument("--source-dir", type=Path, default=MNIST_SCRIPTS, help="code dir with train_mnist.py")
     p.add_argument("--instance-count", type=int, default=2)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--steps-per-epoch", type=int, default=20, help="cap per epoch: keeps the demo short")
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         instance_type="local",
         instance_count=args.instance_count,
         entry_point="train_mnist.py",
-        source_dir=str(MNIST_SCRIPTS),
+        source_dir=str(args.source_dir.resolve()),
         distribution={
             "mpi": {
                 "enabled": True,
