@@ -221,5 +221,10 @@ def test_sigterm_reaches_every_rank_which_can_checkpoint(train_job):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143, err
     assert sorted(p.name for p in ckpt.glob("*.ckpt")) == ["rank-0.ckpt", "rank-1.ckpt"]
-    assert job.failure() is None
+    # Where every rank was when the stop came (taken before the ranks were stopped), nothing else.
+    stops = job.failure()
+    assert stops is not None and stops.splitlines() == [
+        "stack dump (stopped by SIGTERM): ranks 0,1 on algo-1 in <module> (train.py:11)",
+        "the job was stopped",
+    ], stops
     assert proc.pid not in read_process_table()
