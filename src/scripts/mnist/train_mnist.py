@@ -120,11 +120,13 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
     )
     args = parser.parse_args(argv)
     local_model_dir = Path(env.get("SM_MODEL_DIR") or base / "model")
-    args.model_dir = (
-        local_model_dir
-        if args.model_dir is None or args.model_dir.startswith("s3://")
-        else Path(args.model_dir)
+    # The SDK's TensorFlow estimator always passes --model_dir: an s3:// URI on SageMaker, and in local mode
+    # with local_code /opt/ml/shared/model, a scratch directory it deletes afterwards. Neither is where the
+    # model must go to become model.tar.gz: that is $SM_MODEL_DIR.
+    sdk_default = args.model_dir is not None and (
+        args.model_dir.startswith("s3://") or Path(args.model_dir).is_relative_to(base / "shared")
     )
+    args.model_dir = local_model_dir if args.model_dir is None or sdk_default else Path(args.model_dir)
     return args
 
 
