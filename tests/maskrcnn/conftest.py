@@ -40,10 +40,10 @@ def mpirun_argv(np_: int) -> list[str]:
 
 
 def run_script(
-    args: list[str], base: Path, np_: int = 1, timeout: float = 420
+    args: list[str], base: Path, np_: int = 1, timeout: float = 420, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The training script as `np_` MPI ranks (or one plain process) with SAGEMAKER_BASE_DIR=base."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "OMPI_", "PMI_"))}
+    """The training script as `np_` MPI ranks (or one plain process), SAGEMAKER_BASE_DIR=base, plus `env`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "OMPI_", "PMI_"))} | (env or {})
     env["SAGEMAKER_BASE_DIR"] = str(base)
     prefix = mpirun_argv(np_) if np_ > 1 else []
     return subprocess.run(

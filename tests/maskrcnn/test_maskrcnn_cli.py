@@ -40,7 +40,7 @@ def test_schedule_follows_the_linear_scaling_rule() -> None:
 
 def test_script_rejects_bad_input_with_one_line(tmp_path: Path, shapes: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(tmp_path / "ml"))
-    for name in ("SM_CHANNEL_TRAIN", "SM_CHANNEL_VAL", "SM_CHANNEL_PRETRAINED"):
+    for name in ("SM_CHANNEL_TRAIN", "SM_CHANNEL_VAL", "SM_CHANNEL_PRETRAINED", "SM_CHANNEL_ANNOTATIONS"):
         monkeypatch.delenv(name, raising=False)
     cases = [
         (["--preset", "huge"], "unknown preset 'huge'"),

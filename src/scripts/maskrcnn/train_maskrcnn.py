@@ -5,9 +5,10 @@ Runs as a SageMaker script (every hyperparameter arrives as `--key value`) or di
 
     mpirun -np 2 python train_maskrcnn.py --preset tiny --data-dir DIR --config total_steps=40
 
-Paths default to the SageMaker layout under $SAGEMAKER_BASE_DIR (default /opt/ml): channels `train`, `val`
-and `pretrained` (an .npz), checkpoints in <root>/checkpoints, the model in SM_MODEL_DIR, evaluation JSON in
-SM_OUTPUT_DATA_DIR.
+Paths default to the SageMaker layout under $SAGEMAKER_BASE_DIR (default /opt/ml): channels `train`, `val`,
+`annotations` (optional: the COCO json files when the image channels hold only images, as
+`smhvd-stage-coco` stages them) and `pretrained` (an .npz), checkpoints in <root>/checkpoints, the model in
+SM_MODEL_DIR, evaluation JSON in SM_OUTPUT_DATA_DIR.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ import tensorflow as tf  # noqa: E402
 
 tf1 = tf.compat.v1
 
-from mrcnn import data, dist  # noqa: E402
+from mrcnn import data, dist, staged  # noqa: E402
 from mrcnn.config import Config, ConfigError, build_config, scaled_schedule, to_dict  # noqa: E402
 from mrcnn.data import DataError  # noqa: E402
+from mrcnn.weights import check_readable, pretrained_init  # noqa: E402
 
 MODEL_FILE = "model.npz"
 VAL_CHANNELS = ("val", "validation", "test")
@@ -53,6 +55,7 @@ class Paths:
     val: Path | None
     train_json: str | None  # annotation file relative to `train` (None: auto-detect)
     val_json: str | None
+    annotations: Path | None  # the `annotations` channel: instances_{train,val}*.json (+ a staging manifest)
     pretrained: Path | None
     checkpoints: Path
     model: Path
@@ -80,6 +83,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--val-json", "--val_json", help="annotation file relative to the validation dir (default: auto)"
+    )
+    p.add_argument(
+        "--annotations-dir",
+        "--annotations_dir",
+        type=Path,
+        help="COCO annotation files for image-only train/val dirs (default: $SM_CHANNEL_ANNOTATIONS)",
     )
     p.add_argument(
         "--pretrained", type=Path, help="backbone .npz, or a dir with one (default: pretrained channel)"
@@ -117,6 +126,9 @@ def resolve_paths(a: argparse.Namespace) -> Paths:
     val = a.val_dir or next((c for c in map(_channel, VAL_CHANNELS) if c), None)
     if val is None and a.data_dir and (a.data_dir / "val").is_dir():
         val = a.data_dir / "val"
+    annotations = a.annotations_dir or _channel("annotations")
+    if annotations is not None and not annotations.is_dir():
+        raise UsageError(f"annotations directory {annotations} does not exist")
     pretrained = a.pretrained or _channel("pretrained")
     if pretrained is not None and pretrained.is_dir():
         found = sorted(pretrained.glob("*.npz"))
@@ -132,6 +144,7 @@ def resolve_paths(a: argparse.Namespace) -> Paths:
         val=val,
         train_json=a.train_json,
         val_json=a.val_json,
+        annotations=annotations,
         pretrained=pretrained,
         checkpoints=a.checkpoint_dir or Path(os.environ.get("SM_CHECKPOINT_DIR") or root / "checkpoints"),
         model=a.model_dir or Path(os.environ.get("SM_MODEL_DIR", root / "model")),
@@ -144,7 +157,7 @@ def load_training_data(paths: Paths) -> data.Dataset:
         raise UsageError("no training data: give --train-dir or --data-dir, or a 'train' channel")
     if not paths.train.is_dir():
         raise UsageError(f"training data directory {paths.train} does not exist")
-    ds = data.load_dataset(paths.train, paths.train_json)
+    ds = data.load_dataset(paths.train, paths.train_json, paths.annotations, "train")
     if not data.records(ds, with_empty=False):
         raise DataError(f"{ds.annotation_file}: no image has a usable (non-crowd) annotation")
     return ds
@@ -263,7 +276,7 @@ def train(cfg: Config, paths: Paths, world: dist.World, ds: data.Dataset) -> str
             session_init = SmartInit(ckpt)
         elif paths.pretrained:
             logger.info(f"loading pretrained weights from {paths.pretrained}")
-            session_init = SmartInit(str(paths.pretrained))
+            session_init = pretrained_init(paths.pretrained, logger.info)
     spe = cfg.steps_per_epoch
     sess_config = session_config(world)
     callbacks = [train_log_callback(world.size * cfg.images_per_rank)]
@@ -345,8 +358,23 @@ def run(a: argparse.Namespace) -> int:
     paths = resolve_paths(a)
     do_eval, eval_only = _bool("eval", a.eval), _bool("eval-only", a.eval_only)
     # Data problems surface here, before anything is written (and not after hours of training for val).
+    staging_report = staged.check_manifest(
+        paths.annotations,
+        {
+            "train": None if eval_only else paths.train,
+            "val": paths.val if (do_eval or eval_only) else None,
+            "annotations": paths.annotations,
+            "pretrained": paths.pretrained.parent if paths.pretrained and not eval_only else None,
+        },
+    )
     train_ds = None if eval_only else load_training_data(paths)
-    val_ds = data.load_dataset(paths.val, paths.val_json) if (do_eval or eval_only) and paths.val else None
+    val_ds = (
+        data.load_dataset(paths.val, paths.val_json, paths.annotations, "val")
+        if (do_eval or eval_only) and paths.val
+        else None
+    )
+    if paths.pretrained is not None and not eval_only:
+        check_readable(paths.pretrained)
     if eval_only and val_ds is None:
         raise UsageError("--eval-only needs validation data: --val-dir, a 'val' channel or <data-dir>/val")
     # Graph mode for tensorpack: process-wide, so only once the arguments are known to be good.
@@ -358,6 +386,8 @@ def run(a: argparse.Namespace) -> int:
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
         logger.set_logger_dir(str(paths.checkpoints), action="k")
         logger.info("config: " + json.dumps(to_dict(cfg)))
+        if staging_report:
+            logger.info(staging_report)
     else:
         logger._logger.setLevel(logging.WARNING)  # one log: rank 0's
     model_file = paths.model / MODEL_FILE

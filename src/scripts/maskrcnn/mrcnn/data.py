@@ -40,15 +40,30 @@ class Dataset:
         return len(self.category_ids) + 1
 
 
-def find_annotation_file(data_dir: Path, explicit: str | None = None) -> Path:
-    """The annotation json in a channel: `explicit` (relative to data_dir), else the only *.json at the top
-    level or in annotations/."""
+def find_annotation_file(
+    data_dir: Path, explicit: str | None = None, annotations_dir: Path | None = None, split: str = "train"
+) -> Path:
+    """The annotation json for a channel: `explicit` (relative to data_dir, else to annotations_dir, where a
+    leading `annotations/` may be left out), else the only *.json at the top level or in annotations/ of
+    data_dir, else (the staged COCO layout: images in the channel, annotations in their own channel) the only
+    `instances_<split>*.json` in annotations_dir."""
     if explicit:
-        path = data_dir / explicit
-        if not path.is_file():
-            raise DataError(f"annotation file {path} does not exist")
-        return path
+        tried = [data_dir / explicit]
+        if annotations_dir is not None:
+            tried += [annotations_dir / explicit, annotations_dir / Path(explicit).name]
+        found = next((p for p in tried if p.is_file()), None)
+        if found is None:
+            raise DataError(f"annotation file {' or '.join(map(str, dict.fromkeys(tried)))} does not exist")
+        return found
     candidates = sorted(data_dir.glob("*.json")) or sorted((data_dir / "annotations").glob("*.json"))
+    if not candidates and annotations_dir is not None:
+        pattern = f"instances_{split}*.json"
+        candidates = sorted(annotations_dir.glob(pattern))
+        if len(candidates) != 1:
+            raise DataError(
+                f"{annotations_dir}: expected exactly one {pattern} for the images in {data_dir}, "
+                f"found {len(candidates)}; name it with --{split}-json"
+            )
     if len(candidates) != 1:
         raise DataError(
             f"{data_dir}: expected exactly one COCO annotation *.json (at the top or in annotations/), "
@@ -57,10 +72,15 @@ def find_annotation_file(data_dir: Path, explicit: str | None = None) -> Path:
     return candidates[0]
 
 
-def load_dataset(data_dir: Path, explicit_json: str | None = None) -> Dataset:
+def load_dataset(
+    data_dir: Path,
+    explicit_json: str | None = None,
+    annotations_dir: Path | None = None,
+    split: str = "train",
+) -> Dataset:
     if not data_dir.is_dir():
         raise DataError(f"data directory {data_dir} does not exist")
-    ann = find_annotation_file(data_dir, explicit_json)
+    ann = find_annotation_file(data_dir, explicit_json, annotations_dir, split)
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
         try:
             coco = COCO(str(ann))
@@ -75,6 +95,9 @@ def load_dataset(data_dir: Path, explicit_json: str | None = None) -> Dataset:
         raise DataError(
             f"{ann}: image {first!r} not found under {data_dir} (tried images/, ., subdirectories)"
         )
+    missing = [i["file_name"] for i in coco.dataset["images"] if not (root / i["file_name"]).is_file()]
+    if missing:  # found now, not when a data worker reaches it hours into training
+        raise DataError(f"{ann}: image {root / missing[0]} does not exist ({len(missing)} images missing)")
     return Dataset(ann, root, coco, tuple(sorted(coco.getCatIds())))
 
 
