@@ -9,7 +9,9 @@ usage() {
   cat <<'USAGE'
 usage: bin/stage-coco.sh SOURCE_DIR s3://BUCKET/PREFIX [--weights FILE.npz] [--endpoint-url URL]
                          [--region REGION] [--jobs N] [--dry-run] [--checksum-cache FILE|none]
-SOURCE_DIR holds train2017/, val2017/, annotations/instances_{train,val}2017.json (as downloaded).
+                         [--download [--coco-base-url URL]]
+SOURCE_DIR holds train2017/, val2017/, annotations/instances_{train,val}2017.json (as downloaded);
+with --download the official archives are fetched and unpacked there first (resumable).
 Writes s3://BUCKET/PREFIX/{train,val,annotations,pretrained}/ then PREFIX/annotations/_manifest.json; prints inputs={...}.
 Exit codes: 2 usage, 65 bad data, 66 missing input, 69 bucket/endpoint unavailable, 70 verify failed,
 74 local read error, 77 no credentials / access denied, 130 interrupted (re-run to resume).

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import manifest as M
 from .checksums import Md5Cache, default_cache_path
+from .download import COCO_BASE_URL, download_coco
 from .errors import INTERRUPTED, NO_PERMISSION, USAGE, StageError
 from .layout import validate
 from .progress import human
@@ -52,6 +53,16 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--region", default=None, help="AWS region (default: the AWS configuration's)")
     p.add_argument("--jobs", type=positive_int, default=8, help="parallel transfers and checksums (8)")
+    p.add_argument(
+        "--download",
+        action="store_true",
+        help="first fetch the official COCO 2017 archives into SOURCE and unpack them (resumable)",
+    )
+    p.add_argument(
+        "--coco-base-url",
+        default=COCO_BASE_URL,
+        help=f"where --download fetches zips/train2017.zip etc. (default {COCO_BASE_URL}; a mirror)",
+    )
     p.add_argument("--dry-run", action="store_true", help="validate, checksum and compare; upload nothing")
     p.add_argument(
         "--checksum-cache",
@@ -86,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
+    if args.download:
+        download_coco(args.source, args.coco_base_url, sys.stderr, log)
     layout = validate(args.source, args.weights)
     for s in layout.splits:
         log(s.describe())

@@ -53,9 +53,9 @@ class Progress:
             f"{human(self.bytes)}/{human(self.total_bytes)}, {human(self.bytes / elapsed)}/s"
         )
 
-    def advance(self, nbytes: int) -> None:
+    def advance(self, nbytes: int, files: int = 1) -> None:
         with self._lock:
-            self.files += 1
+            self.files += files
             self.bytes += nbytes
             if self.tty:
                 now = self.clock()

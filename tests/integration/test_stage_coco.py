@@ -444,3 +444,72 @@ def test_verification_catches_an_object_that_differs(tmp_path, s3_server, bucket
     assert e.value.code == SOFTWARE
     assert str(e.value).startswith(f"s3://{bucket}/v/val/000000000001.jpg: verify failed: expected ")
     assert str(e.value).endswith("found 14 bytes, ETag 6c7ba9c5a141421e1c03cb9807c97c74; 1 objects differ")
+
+
+@pytest.fixture
+def coco_mirror(tmp_path):
+    """The official archive layout (zips/train2017.zip, zips/val2017.zip,
+    annotations/annotations_trainval2017.zip) on a local HTTP server; yields its base URL."""
+    import functools
+    import zipfile
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    source = tmp_path / "official"
+    write_coco(source)
+    www = tmp_path / "www"
+    for archive, top in (
+        ("zips/train2017.zip", "train2017"),
+        ("zips/val2017.zip", "val2017"),
+        ("annotations/annotations_trainval2017.zip", "annotations"),
+    ):
+        (www / archive).parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(www / archive, "w") as z:
+            for path in sorted((source / top).iterdir()):
+                z.write(path, f"{top}/{path.name}")
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(www)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_download_the_official_archives_then_stage(tmp_path, s3_server, bucket, coco_mirror):
+    dest = tmp_path / "coco"
+    (dest / "_archives").mkdir(parents=True)
+    (dest / "_archives" / "val2017.zip.part").write_bytes(b"PK\x03\x04 an interrupted download")
+    weights = tmp_path / "ImageNet-R50-AlignPadding.npz"  # written next to the mirror's source by write_coco
+    argv = [
+        str(dest),
+        f"s3://{bucket}/coco",
+        "--weights",
+        str(weights),
+        "--download",
+        "--coco-base-url",
+        coco_mirror,
+    ]
+    first = stage(tmp_path, *argv, port=s3_server)
+    assert first.returncode == 0, first.stderr
+    assert f"{coco_mirror}zips/val2017.zip: downloaded, unpacked into {dest}" in first.stderr
+    assert set(keys(s3_server, bucket)) == expected_keys("coco/") | {"coco/annotations/_manifest.json"}
+    assert not (dest / "_archives" / "val2017.zip.part").exists()
+    again = stage(tmp_path, *argv, port=s3_server)
+    assert again.returncode == 0, again.stderr
+    assert (
+        f"{coco_mirror}zips/train2017.zip: already downloaded, already unpacked into {dest}" in again.stderr
+    )
+    assert uploaded_count(again.stderr) == 0
+
+
+def test_download_failure_is_one_line(tmp_path, coco_mirror):
+    result = stage(tmp_path, str(tmp_path / "c"), "s3://bkt/c", "--download", "--coco-base-url",
+                   coco_mirror + "nothing/", port=None)  # fmt: skip
+    line = one_error_line(result, 69)
+    url = f"{coco_mirror}nothing/zips/train2017.zip"
+    assert line == f"smhvd-stage-coco: error: {url}: cannot download (HTTP 404 File not found)"

@@ -298,3 +298,28 @@ def test_progress_prints_tenths_when_not_a_tty():
     q.advance(1)
     q.close()
     assert quiet.getvalue() == ""
+
+
+def test_unpack_once_and_never_outside_the_directory(tmp_path):
+    import zipfile
+
+    from smhvd_stage.download import unpack
+
+    archive = tmp_path / "val2017.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("val2017/a.jpg", b"jpg")
+    root = tmp_path / "coco"
+    root.mkdir()
+    assert unpack(archive, root)
+    assert (root / "val2017" / "a.jpg").read_bytes() == b"jpg"
+    assert not unpack(archive, root)  # the marker says it is done
+    evil = tmp_path / "evil.zip"
+    with zipfile.ZipFile(evil, "w") as z:
+        z.writestr("../outside.txt", b"x")
+    with pytest.raises(StageError, match=r"evil.zip: refusing member '../outside.txt'") as e:
+        unpack(evil, root)
+    assert e.value.code == errors.DATA_ERROR
+    assert not (tmp_path / "outside.txt").exists()
+    (tmp_path / "broken.zip").write_bytes(b"PK not a zip")
+    with pytest.raises(StageError, match="broken.zip: not a zip archive"):
+        unpack(tmp_path / "broken.zip", root)
