@@ -119,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
         progress_stream=sys.stderr,
         dry_run=args.dry_run,
     )
-    verb = "would stage" if args.dry_run else "staged"
+    verb, done = ("dry run, would stage", "to upload") if args.dry_run else ("staged", "uploaded")
     log(
-        f"{verb} {result.files} files in {result.seconds:.1f}s: {result.uploaded} uploaded "
+        f"{verb} {result.files} files in {result.seconds:.1f}s: {result.uploaded} {done} "
         f"({human(result.uploaded_bytes)}), {result.files - result.uploaded} already there"
     )
     if not args.dry_run:

@@ -126,10 +126,11 @@ def stage(
         log(f"{where}: {len(d.extra)} other objects under the prefix (left alone, not in the manifest)")
     channels = M.channels(bucket, prefix, layout)
     up_to_date = not d.upload and M.same_files(existing, new_manifest)
-    if dry_run or up_to_date:
-        if up_to_date:
-            log(f"{s3_uri(bucket, manifest_key)}: up to date, nothing to do")
+    if up_to_date:
+        log(f"{s3_uri(bucket, manifest_key)}: up to date, nothing to do")
         return Result(len(files), 0, 0, len(d.extra), False, channels, clock() - start)
+    if dry_run:  # what a real run would upload, nothing written
+        return Result(len(files), len(d.upload), up_bytes, len(d.extra), False, channels, clock() - start)
 
     if existing is not None:  # the old manifest must not vouch for a prefix that is about to change
         _s3(

@@ -376,7 +376,8 @@ def test_wrapper_script_dry_run_uploads_nothing(tmp_path, s3_server, bucket, coc
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert uploaded_count(result.stderr) == 12
-    assert "would stage 12 files" in result.stderr
+    assert "dry run, would stage 12 files in " in result.stderr
+    assert ": 12 to upload (" in result.stderr
     assert keys(s3_server, bucket) == {}
     assert subprocess.run([argv[0]], capture_output=True, check=False).returncode == 2
 
