@@ -156,6 +156,8 @@ def run_leader(
             watch=watch,
             tick=functools.partial(tell_all, links, {"event": "alive"}) if links else None,
             dumps=Dumps(stacks.start, stacks.wait, job.settings.launcher.hang_dump_seconds),
+            # A stop that reached only the leader (a user's stop, Ctrl-C) stops every host's ranks.
+            on_stop=functools.partial(tell_all, links, {"event": "stop"}),
         )
         stacks.wait(STOP_DUMP_WAIT)
     code, reason = conclude(job, outcome, stacks.last_line)

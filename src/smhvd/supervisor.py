@@ -66,9 +66,11 @@ def supervise(
     tick: Callable[[], object] | None = None,
     tick_interval: float = link.HEARTBEAT_INTERVAL,
     dumps: Dumps | None = None,
+    on_stop: Callable[[], object] = lambda: None,
 ) -> Outcome:
     """Run argv to its end. `tick` (the leader's heartbeat to its workers) is called every tick_interval;
-    `dumps` says when to take stack dumps of every rank (SIGUSR1, a stop, a Horovod stall, silence)."""
+    `dumps` says when to take stack dumps of every rank (SIGUSR1, a stop, a Horovod stall, silence);
+    `on_stop` runs once a stop request reached the local ranks (the leader passes it on to its workers)."""
     output = StderrFilter()
     dumps = dumps or Dumps(lambda _why: None)
     proc = subprocess.Popen(
@@ -118,7 +120,7 @@ def supervise(
                         open_stream = False
                         break
                     else:
-                        stopped = _on_signals(watch, stopped, keep_pids, dumps)
+                        stopped = _on_signals(watch, stopped, keep_pids, dumps, on_stop)
         os.write(2, output.flush())
         code = proc.wait()
         remove_session_dir(proc.pid, env)
@@ -131,7 +133,9 @@ def supervise(
     return Outcome(exit_code=code if code >= 0 else 128 - code, output=output, stopped=stopped)
 
 
-def _on_signals(watch: SignalWatch, stopped: bool, keep_pids: set[int], dumps: Dumps) -> bool:
+def _on_signals(
+    watch: SignalWatch, stopped: bool, keep_pids: set[int], dumps: Dumps, on_stop: Callable[[], object]
+) -> bool:
     """A stop request goes to the local ranks (once, after a stack dump); orphans are reaped; SIGUSR1 takes
     a stack dump. Whether a stop was requested."""
     for sig in watch.drain():
@@ -143,6 +147,7 @@ def _on_signals(watch: SignalWatch, stopped: bool, keep_pids: set[int], dumps: D
             dumps.settle(STOP_DUMP_WAIT)  # the ranks' stacks before they are stopped
             ranks = stop_local_ranks()
             log.warning("%s received: SIGTERM sent to %d local rank(s)", signal.Signals(sig).name, len(ranks))
+            on_stop()
         elif sig == signal.SIGCHLD:
             reap_orphans(keep_pids)
     return stopped

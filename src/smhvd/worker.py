@@ -132,22 +132,30 @@ class LinkWaiter:
         for sig in self.watch.drain():
             if sig == signal.SIGUSR1 and self.on_dump is not None:
                 self.on_dump("SIGUSR1")
-            elif is_stop(sig) and self.stopping_since is None:
-                self.stopping_since = time.monotonic()
-                if not self.started:
-                    return Verdict(EX_STOPPED, "")
-                if self.on_dump is not None:
-                    self.on_dump(f"stopped by {signal.Signals(sig).name}")
-                log.warning(
-                    "%s received: SIGTERM sent to %d local rank(s); waiting for the leader",
-                    signal.Signals(sig).name,
-                    len(stop_local_ranks()),
-                )
+            elif is_stop(sig):
+                verdict = self._stop(f"{signal.Signals(sig).name} received")
+                if verdict is not None:
+                    return verdict
             elif sig == signal.SIGCHLD:
                 reap_orphans(keep)
                 verdict = self.on_child() if self.on_child else None
                 if verdict is not None:
                     return verdict
+        return None
+
+    def _stop(self, why: str) -> Verdict | None:
+        """A stop (this host's SIGTERM, or the leader's `stop` event): this host's ranks get SIGTERM once,
+        after a stack dump; the job's verdict still comes from the leader."""
+        if self.stopping_since is not None:
+            return None
+        self.stopping_since = time.monotonic()
+        if not self.started:
+            return Verdict(EX_STOPPED, "")
+        if self.on_dump is not None:
+            self.on_dump(f"stopped: {why}")
+        log.warning(
+            "%s: SIGTERM sent to %d local rank(s); waiting for the leader", why, len(stop_local_ranks())
+        )
         return None
 
     def _read(self, conn: socket.socket, sel: selectors.BaseSelector) -> Verdict | None:
@@ -175,6 +183,8 @@ class LinkWaiter:
             if event["event"] == "start":
                 self.started = True
                 log.info("job started by %s", self.leader)
+            elif event["event"] == "stop":
+                self._stop(f"the leader {self.leader} was stopped")
             elif event["event"] == "end":
                 code = event.get("exit_code")
                 return Verdict(

@@ -14,6 +14,7 @@ import pytest
 
 from smhvd.cluster import Cluster, ClusterSpec
 from smhvd.cluster.jobs import HostProcess
+from smhvd.cluster.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
@@ -112,12 +113,19 @@ def test_a_rank_crash_ends_every_host_including_the_one_outside_mpi(launch: Laun
 
 
 def test_a_failing_script_outside_mpi_fails_its_host_at_once(launch: Launch) -> None:
-    cluster, processes = launch(mode="sleep", seconds=300, outside_seconds=0.5, outside_exit=5)
-    code = processes["algo-3"].wait(60)
+    # It fails once the job runs (like every host, a host outside MPI must be up when the job starts: the
+    # leader links to it first).
+    cluster, processes = launch(mode="sleep", seconds=300, outside_seconds=8, outside_exit=5)
+    code = processes["algo-3"].wait(90)
     assert code == 5
     failure = (cluster.ml_dir("algo-3") / "output" / "failure").read_text()
     assert failure == "the script on algo-3 (outside the MPI instance groups) exited with code 5"
-    for host in ("algo-1", "algo-2"):  # the MPI job itself goes on until it ends or is stopped
-        assert processes[host].popen.poll() is None
-        processes[host].send_signal(15)
-        assert processes[host].wait(60) == 143
+    mpi_hosts = ("algo-1", "algo-2")
+    wait_for(
+        lambda: all(list(data_dir(cluster, h).glob("rank-*.json")) for h in mpi_hosts) or None,
+        "both MPI ranks to run",
+        60,
+    )
+    assert all(processes[h].popen.poll() is None for h in mpi_hosts)  # the MPI job goes on until stopped
+    processes["algo-1"].send_signal(15)  # a stop that reaches only the leader stops every host's ranks
+    assert {h: processes[h].wait(60) for h in mpi_hosts} == {"algo-1": 143, "algo-2": 143}

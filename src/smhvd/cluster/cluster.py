@@ -39,6 +39,11 @@ SSH_CLIENT_CONFIG = (
 )
 ETC_ENVIRONMENT = Path("/etc/environment")
 SSH_DIR = Path("/root/.ssh")
+# bash runs ~/.bashrc for every command sshd starts. The machine's own (e.g. `pyenv init`, whose rehash takes
+# a lock that every host shares and that a killed session leaves behind for 60 s) must not run on the
+# simulated hosts: each gets the empty rc of a fresh container instead.
+ROOT_BASHRC = Path("/root/.bashrc")
+HOST_BASHRC = "# smhvd-cluster host: a fresh container's empty rc, not the machine's\n"
 LINK_GONE_TIMEOUT = 10.0
 
 
@@ -138,6 +143,7 @@ class Cluster:
             (etc / "hosts").write_text(etc_hosts)
             if ETC_ENVIRONMENT.exists():
                 shutil.copyfile(ETC_ENVIRONMENT, etc / "environment")
+            (etc / "bashrc").write_text(HOST_BASHRC)
             ssh = host_dir / "ssh"
             ssh.mkdir(mode=0o700, exist_ok=True)
             shutil.copyfile(key, ssh / "id_ed25519")
@@ -154,6 +160,8 @@ class Cluster:
         binds = [(etc / "hosts", Path("/etc/hosts")), (self.host_dir(name) / "ssh", SSH_DIR)]
         if ETC_ENVIRONMENT.exists():
             binds.append((etc / "environment", ETC_ENVIRONMENT))
+        if ROOT_BASHRC.exists():
+            binds.append((etc / "bashrc", ROOT_BASHRC))
         binds.append((self.ml_dir(name), self.spec.ml_path))
         binds.extend(self.spec.extra_binds)
         tmpfs = [(Path("/run"), "0755"), (Path("/dev/shm"), "1777")]
