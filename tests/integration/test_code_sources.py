@@ -1,15 +1,9 @@
 """Where the training code comes from: s3:// (a real S3-compatible server: moto), requirements.txt."""
 
 import io
-import socket
-import subprocess
-import sys
 import tarfile
-from pathlib import Path
 
 import pytest
-
-from smhvd.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -27,28 +21,9 @@ def tar_bytes(files: dict[str, bytes]) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def s3_server():
-    """A moto S3 server on loopback; yields the endpoint URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def accepting():
-        assert server.poll() is None, "moto_server exited"
-        with socket.socket() as s:
-            return True if s.connect_ex(("127.0.0.1", port)) == 0 else None
-
-    try:
-        wait_until(accepting, what="moto_server to listen", timeout=60)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait()
+def s3_server(s3_port):
+    """The moto server's endpoint URL."""
+    return f"http://127.0.0.1:{s3_port}"
 
 
 @pytest.fixture

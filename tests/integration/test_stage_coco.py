@@ -25,28 +25,9 @@ CHANNELS = ("train", "val", "annotations", "pretrained")
 
 
 @pytest.fixture(scope="module")
-def s3_server():
-    """A moto S3 server on loopback (the pattern of test_code_sources.py); yields its port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def accepting():
-        assert server.poll() is None, "moto_server exited"
-        with socket.socket() as s:
-            return True if s.connect_ex(("127.0.0.1", port)) == 0 else None
-
-    try:
-        wait_until(accepting, what="moto_server to listen", timeout=60)
-        yield port
-    finally:
-        server.terminate()
-        server.wait()
+def s3_server(s3_port):
+    """The moto server's port."""
+    return s3_port
 
 
 def endpoint(port: int) -> str:
