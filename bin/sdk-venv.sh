@@ -39,24 +39,9 @@ dir=${dir:-$repo/build/sdk}
 mkdir -p "$dir/bin"
 dir=$(cd "$dir" && pwd)
 venv=$dir/v2
-stamp=$venv/.stamp-$SAGEMAKER_VERSION-$PODMAN_COMPOSE_VERSION
-
-if ! python3 -c 'import ensurepip' 2>/dev/null; then
-  if [ "$install" != 1 ]; then
-    echo "sdk-venv.sh: python3-venv is missing (apt-get install python3-venv, or pass --install)" >&2
-    exit 1
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
-    python3-venv >&2
-fi
-
-if [ ! -e "$stamp" ]; then
-  rm -rf "$venv"
-  python3 -m venv "$venv" >&2
-  "$venv/bin/pip" install --quiet --disable-pip-version-check \
-    "sagemaker==$SAGEMAKER_VERSION" "podman-compose==$PODMAN_COMPOSE_VERSION" >&2
-  touch "$stamp"
-fi
+# shellcheck source=bin/lib/pinned-venv.sh
+. "$repo/bin/lib/pinned-venv.sh"
+pinned_venv sdk-venv.sh "$install" "$venv" "sagemaker==$SAGEMAKER_VERSION" "podman-compose==$PODMAN_COMPOSE_VERSION"
 
 # The shims carry the daemonless environment themselves: the SDK runs them without passing ours along
 # unchanged in every case, and a user's shell needs no `eval` first.

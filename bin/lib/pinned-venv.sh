@@ -1,0 +1,25 @@
+# shellcheck shell=bash
+# Sourced by bin/sdk-venv.sh and bin/sdk-v3-venv.sh: a venv holding exactly the pinned packages, rebuilt only
+# when the pins change (a stamp file names them).
+
+# pinned_venv NAME INSTALL VENV PACKAGE==VERSION...   (INSTALL=1: apt-get install python3-venv when missing)
+pinned_venv() {
+  local name=$1 install=$2 venv=$3
+  shift 3
+  local stamp
+  stamp="$venv/.stamp-$(printf '%s-' "$@" | tr -c 'A-Za-z0-9._=-' '_')"
+  if ! python3 -c 'import ensurepip' 2>/dev/null; then
+    if [ "$install" != 1 ]; then
+      echo "$name: python3-venv is missing (apt-get install python3-venv, or pass --install)" >&2
+      exit 1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+      python3-venv >&2
+  fi
+  if [ ! -e "$stamp" ]; then
+    rm -rf "$venv"
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "$@" >&2
+    touch "$stamp"
+  fi
+}
