@@ -24,25 +24,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster_common import failure_text, rank_times, reset_outputs, say, table, write_job
+from cluster_common import (
+    SSHD_CONFIG,
+    TOOLKIT_TRAIN,
+    failure_text,
+    rank_times,
+    reset_outputs,
+    say,
+    table,
+    write_job,
+)
 
 from smhvd.cluster import Cluster, ClusterSpec, HostResult
 
-TOOLKIT_TRAIN = ["python", "-c", "from sagemaker_training.cli.train import main; main()"]
 OURS_TRAIN = ["train"]
-SSHD_CONFIG = """Port 22
-HostKey /etc/ssh/ssh_host_ed25519_key
-HostKey /etc/ssh/ssh_host_rsa_key
-PidFile /run/sshd.pid
-UsePAM no
-UseDNS no
-StrictModes no
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-AuthorizedKeysFile .ssh/authorized_keys
-MaxStartups 64
-LogLevel ERROR
-"""
 
 
 @dataclass(frozen=True)

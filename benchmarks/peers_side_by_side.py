@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster_common import reset_outputs, say, table
+from cluster_common import SSHD_CONFIG, TOOLKIT_TRAIN, rank_times, reset_outputs, say, table, write_job
 
 from smhvd.cluster import Cluster, ClusterError, ClusterSpec
 from smhvd.cluster.jobs import HostProcess
@@ -55,74 +55,10 @@ PYTHON = sys.executable  # the same interpreter (venv) on every host
 OURS, HVD_MPI, HVD_GLOO, TOOLKIT = "ours", "horovodrun (MPI)", "horovodrun --gloo", "toolkit 4.9.0"
 LAUNCHERS = (OURS, HVD_MPI, HVD_GLOO, TOOLKIT)
 PEERS = (HVD_MPI, HVD_GLOO, TOOLKIT)
-TOOLKIT_TRAIN = ["python", "-c", "from sagemaker_training.cli.train import main; main()"]
 SIZES = (("4 KiB", 4 * 1024, 200), ("1 MiB", 1024 * 1024, 50), ("64 MiB", 64 * 1024 * 1024, 8))
 
-# The job every launcher runs for the timing and allreduce rows. Each rank writes when it started and ended
-# (or crashed) to /opt/ml/output/data/times-<rank>.json on its own host; rank 0 writes allreduce.json.
-JOB = """
-import argparse, json, os, socket, statistics, sys, time
-from pathlib import Path
-started = time.time()
-parser = argparse.ArgumentParser()
-parser.add_argument("--mode", default="ok")
-parser.add_argument("--work", type=float, default=1.0)
-parser.add_argument("--crash_host", default="algo-2")
-parser.add_argument("--sizes", default="")
-args, _ = parser.parse_known_args()
-rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("HOROVOD_RANK") or "0"
-out = Path(os.environ.get("SM_OUTPUT_DATA_DIR", "/opt/ml/output/data"))
-out.mkdir(parents=True, exist_ok=True)
-host = socket.gethostname()
-def record(**extra):
-    data = {"rank": rank, "host": host, "start": started, **extra}
-    (out / f"times-{rank}.json").write_text(json.dumps(data))
-record()
-if args.mode == "allreduce":
-    import tensorflow as tf
-    import horovod.tensorflow as hvd
-    hvd.init()
-    results = {}
-    for item in args.sizes.split(","):
-        name, nbytes, repeats = item.split(":")
-        tensor = tf.ones([int(nbytes) // 4], tf.float32)
-        seconds = []
-        for step in range(3 + int(repeats)):
-            begin = time.perf_counter()
-            first = float(hvd.allreduce(tensor, op=hvd.Sum, name=f"t{name}")[0])
-            if step >= 3:
-                seconds.append(time.perf_counter() - begin)
-        assert first == hvd.size(), first
-        median = statistics.median(seconds)
-        bus = 2 * (hvd.size() - 1) / hvd.size() * int(nbytes) / median
-        results[name] = {"median_s": median, "bus_gbit_s": bus * 8 / 1e9, "repeats": len(seconds)}
-    if hvd.rank() == 0:
-        (out / "allreduce.json").write_text(json.dumps(results))
-    record(end=time.time())
-    sys.exit(0)
-time.sleep(args.work)
-if args.mode == "crash":
-    if host == args.crash_host:
-        print(f"bench-crash: rank {rank} on {host} fails", file=sys.stderr, flush=True)
-        record(crash=time.time())
-        sys.exit(3)
-    time.sleep(300)
-record(end=time.time())
-"""
+# The job every launcher runs for the timing and allreduce rows: cluster_common.JOB_SCRIPT (bench_job.py).
 
-SSHD_CONFIG = """Port 22
-HostKey /etc/ssh/ssh_host_ed25519_key
-HostKey /etc/ssh/ssh_host_rsa_key
-PidFile /run/sshd.pid
-UsePAM no
-UseDNS no
-StrictModes no
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-AuthorizedKeysFile .ssh/authorized_keys
-MaxStartups 64
-LogLevel ERROR
-"""
 # horovodrun needs an sshd on algo-2 (ours starts its own; the toolkit starts the system one): a test sshd
 # with every setting on its command line (as tests/cluster/helpers.py starts it).
 TEST_SSHD = [
@@ -257,14 +193,6 @@ def run_launcher(
 
 
 # ----- reading what the ranks wrote -----
-def rank_times(cluster: Cluster) -> list[dict[str, float]]:
-    found = []
-    for host in cluster.spec.host_names:
-        for path in sorted((cluster.ml_dir(host) / "output" / "data").glob("times-*.json")):
-            found.append(json.loads(path.read_text()))
-    return found
-
-
 def output_file(cluster: Cluster, name: str) -> Path:
     """Rank 0's output file, on whichever host rank 0 ran (the toolkit's leader is algo-2)."""
     for host in cluster.spec.host_names:
@@ -297,7 +225,7 @@ def measure_timing(cluster: Cluster, launcher: str, rows: dict[str, Row], work: 
     for mode in ("ok", "crash"):
         args = {"mode": mode, "work": str(work), "crash_host": worker}
         timeout = 150.0 if launcher == TOOLKIT else 60.0
-        run = run_launcher(cluster, launcher, 2, 1, "peers_job.py", args, timeout, f"timing-{mode}")
+        run = run_launcher(cluster, launcher, 2, 1, "bench_job.py", args, timeout, f"timing-{mode}")
         times = rank_times(cluster)
         load = loadavg()
         first = min((t["start"] for t in times), default=float("nan"))
@@ -331,7 +259,7 @@ def measure_allreduce(cluster: Cluster, launcher: str, rows: dict[str, Row]) -> 
     sizes = ",".join(f"{name.replace(' ', '')}:{nbytes}:{repeats}" for name, nbytes, repeats in SIZES)
     args = {"mode": "allreduce", "sizes": sizes}
     timeout = 300.0
-    run = run_launcher(cluster, launcher, 2, 1, "peers_job.py", args, timeout, "allreduce")
+    run = run_launcher(cluster, launcher, 2, 1, "bench_job.py", args, timeout, "allreduce")
     if run.timed_out or any(code != 0 for code in run.exits.values()):
         say(f"  {launcher} allreduce: FAILED {run.exits} {run.notes}")
         return
@@ -443,7 +371,7 @@ def main() -> int:
             say(f"work directory (kept): {workdir}")
         code = workdir / "code"
         shutil.copytree(MNIST_DIR, code, ignore=shutil.ignore_patterns("__pycache__"))
-        (code / "peers_job.py").write_text(JOB)
+        write_job(code)
         (workdir / "sshd_config").write_text(SSHD_CONFIG)
         spec = ClusterSpec(
             hosts=2,
