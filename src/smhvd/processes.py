@@ -81,6 +81,13 @@ def descendants(root: int | None = None) -> list[int]:
     return descendants_of(os.getpid() if root is None else root, read_process_table())
 
 
+RANK_MODULE = "smhvd.rank"  # the rank wrapper: `python -m smhvd.rank ...`
+
+
+def is_rank_wrapper(pid: int) -> bool:
+    return RANK_MODULE in cmdline(pid)[1:4]
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()

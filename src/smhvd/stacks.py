@@ -29,12 +29,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .peers import ssh_command
-from .processes import read_process_table
+from .processes import is_rank_wrapper, read_process_table
 
 DUMP_TIMEOUT = 20.0  # one py-spy dump
 REMOTE_TIMEOUT = DUMP_TIMEOUT + 15.0  # another host's dumps: ssh connect + its parallel dumps
 log = logging.getLogger("smhvd")
-RANK_MODULE = "smhvd.rank"
 _FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
 _HOROVOD_FILE = re.compile(r"(^|/)horovod/")
 
@@ -65,19 +64,11 @@ def _environ(pid: int, proc: Path) -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
-def _is_wrapper(pid: int, proc: Path) -> bool:
-    try:
-        args = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return RANK_MODULE.encode() in args[1:4]
-
-
 def find_ranks(host: str, output_data_dir: Path, proc: Path = Path("/proc")) -> list[RankProcess]:
     """The training programs of this job's ranks on this host (children of the rank wrappers whose
     SM_CURRENT_HOST and SM_OUTPUT_DATA_DIR are this host's and this job's), sorted by rank."""
     table = read_process_table(proc)
-    wrappers = {pid for pid in table if _is_wrapper(pid, proc)}
+    wrappers = {pid for pid in table if is_rank_wrapper(pid)}
     found = []
     for pid, (ppid, _) in table.items():
         if ppid not in wrappers:

@@ -25,11 +25,10 @@ from pathlib import Path
 from . import link
 from .errors import EX_MPI_ABORT
 from .mpi_output import StderrFilter
-from .processes import cmdline, descendants, die_with_parent, reap_orphans, signal_pids
+from .processes import descendants, die_with_parent, is_rank_wrapper, reap_orphans, signal_pids
 from .signals import SignalWatch, is_stop
 
 log = logging.getLogger("smhvd")
-RANK_MODULE = "smhvd.rank"
 ABORT_GRACE = 5.0  # Open MPI said the job aborts -> mpirun gets SIGTERM if still running after this long
 KILL_GRACE = 3.0
 # On a stop, the dump may hold up the loop (and the heartbeats to workers, which give up after 10 s of
@@ -48,7 +47,7 @@ class Outcome:
 
 def local_ranks() -> list[int]:
     """Rank wrappers started on this host by this launcher (directly, by mpirun or by orted)."""
-    return [pid for pid in descendants() if RANK_MODULE in cmdline(pid)[1:4]]
+    return [pid for pid in descendants() if is_rank_wrapper(pid)]
 
 
 def stop_local_ranks() -> list[int]:
