@@ -34,6 +34,7 @@ from .helpers import (
     in_ci,
     record_timing,
     run,
+    stop,
     wait_until,
 )
 
@@ -126,12 +127,7 @@ def registry(engine_env: dict[str, str], tmp_path_factory: pytest.TempPathFactor
         wait_until(f"the registry to answer {url}", answers, timeout=30)
         yield addr
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout=10)
         log.close()
 
 
@@ -174,12 +170,7 @@ def docker_env(engine_env: dict[str, str]) -> Iterator[dict[str, str]]:
         wait_until("podman's Docker API to answer `docker version`", answers, timeout=60)
         yield env
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()
         sock.unlink(missing_ok=True)
 

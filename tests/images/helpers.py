@@ -34,6 +34,16 @@ def wait_until(what: str, probe: Callable[[], bool], timeout: float, first_delay
         delay = min(delay * 2, 2.0)
 
 
+def stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
+    """End a background server: SIGTERM, then SIGKILL after `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def record_timing(event: str, seconds: float, **extra: object) -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     entry = {

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import REPO, WORK, BuiltImage, in_ci, record_timing, wait_until
+from .helpers import REPO, WORK, BuiltImage, in_ci, record_timing, stop, wait_until
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -83,12 +83,7 @@ def s3_endpoint() -> Iterator[str]:
         wait_until("moto_server to listen", accepting, timeout=60)
         yield f"http://{host}:{port}"
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
         log.close()
 
 
