@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CODE = REPO / "src" / "scripts" / "maskrcnn"
+CODE = REPO / "examples" / "maskrcnn"
 sys.path.insert(0, str(CODE))
 
 from make_shapes import generate  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 from smhvd.mltree import write_ml_tree
 
 REPO = Path(__file__).resolve().parents[1]
-CODE = REPO / "src" / "scripts" / "maskrcnn"
+CODE = REPO / "examples" / "maskrcnn"
 sys.path.insert(0, str(CODE))
 
 from make_shapes import generate  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """MNIST reference script: time to 99% test accuracy at 1 and 2 ranks, and Horovod's overhead at 1 rank.
 
-1. Convergence: src/scripts/mnist/train_mnist.py on the full MNIST set with its default hyperparameters (batch
+1. Convergence: examples/mnist/train_mnist.py on the full MNIST set with its default hyperparameters (batch
    64 per rank, learning rate 0.001 x ranks), --max-epochs epochs, at np=1 (plain python) and np=2 (mpirun,
    no binding, yield when idle). Reports the first epoch whose test accuracy (the per-epoch validation on the
    10k test set) reaches --target, the training seconds up to it, the process wall time and images/s.
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT_DIR = REPO / "src" / "scripts" / "mnist"
+SCRIPT_DIR = REPO / "examples" / "mnist"
 SCRIPT = SCRIPT_DIR / "train_mnist.py"
 RESULTS = REPO / "build" / "bench" / "mnist_convergence.json"
 

@@ -14,7 +14,7 @@ Rows (medians over --repeats runs, each row's runs interleaved across the launch
     each launcher reports (per host for the SageMaker launchers). The worker is algo-2 for ours and
     horovodrun; the toolkit elects as leader the first host of the unsorted instance group (algo-2), so its
     worker is algo-1;
-  MNIST images/s: src/scripts/mnist/train_mnist.py, batch 64 per rank, --epochs E --steps_per_epoch S, median
+  MNIST images/s: examples/mnist/train_mnist.py, batch 64 per rank, --epochs E --steps_per_epoch S, median
     images/s (all ranks) over the epochs after the first, np=2 on algo-1 alone and 2 hosts x 1;
   allreduce bus bandwidth: hvd.allreduce of float32 tensors of 4 KiB, 1 MiB, 64 MiB between 2 hosts x 1 rank,
     median time of N repeats after warmup, bus bandwidth = 2 (n-1)/n x bytes / time.
@@ -50,7 +50,7 @@ from smhvd.cluster.spec import resource_config
 from smhvd.cluster.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
-MNIST_DIR = REPO / "src" / "scripts" / "mnist"
+MNIST_DIR = REPO / "examples" / "mnist"
 PYTHON = sys.executable  # the same interpreter (venv) on every host
 OURS, HVD_MPI, HVD_GLOO, TOOLKIT = "ours", "horovodrun (MPI)", "horovodrun --gloo", "toolkit 4.9.0"
 LAUNCHERS = (OURS, HVD_MPI, HVD_GLOO, TOOLKIT)

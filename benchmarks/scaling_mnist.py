@@ -2,7 +2,7 @@
 on one host, and 2 hosts x 1 process on a simulated cluster; images/s and the ratio to np=1. Needs root.
 
 All three run in the same simulated host algo-1 (single-host jobs get a resourceconfig naming algo-1 alone,
-as a one-instance SageMaker job has), with src/scripts/mnist/train_mnist.py, --epochs E --steps_per_epoch S;
+as a one-instance SageMaker job has), with examples/mnist/train_mnist.py, --epochs E --steps_per_epoch S;
 the figure is the median images/s (all ranks) over the epochs after the first (tracing, first broadcast).
 Target: np=2 >= 1.6x np=1 on 2 cores. The 2 simulated hosts share the same 2 cores: that row shows the
 multi-host path's cost (TCP instead of shared memory, each host's launcher sizing threads for 2 cores),
@@ -32,7 +32,7 @@ from smhvd.cluster import Cluster, ClusterError, ClusterSpec
 from smhvd.cluster.spec import resource_config
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT_DIR = REPO / "src" / "scripts" / "mnist"
+SCRIPT_DIR = REPO / "examples" / "mnist"
 CONFIGS = (("np=1 (1 host)", 1, 1), ("np=2 (1 host)", 1, 2), ("2 hosts x 1", 2, 1))
 # Not a launcher default: one rank on one TensorFlow thread, i.e. what each rank of np=2 gets. Its images per
 # CPU-second, on 2 cores, bound what np=2 can reach even with a free allreduce.

@@ -68,7 +68,7 @@ def main() -> None:
         instance_count=args.instance_count,
         instance_type=args.instance_type,
         entry_point="train_mnist.py",
-        source_dir=str(REPO / "src" / "scripts" / "mnist"),
+        source_dir=str(REPO / "examples" / "mnist"),
         distribution={
             "mpi": {
                 "enabled": True,

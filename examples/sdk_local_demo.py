@@ -34,7 +34,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 REPO = Path(__file__).resolve().parents[1]
-MNIST_SCRIPTS = REPO / "src" / "scripts" / "mnist"
+MNIST_SCRIPTS = REPO / "examples" / "mnist"
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"  # local mode never assumes it
 BUCKET = "smhvd-sdk-local"
 

@@ -1,4 +1,4 @@
-# Reference script: Mask R-CNN (ResNet-FPN) on tensorpack with Horovod (src/scripts/maskrcnn/), tests, benchmark.
+# Reference script: Mask R-CNN (ResNet-FPN) on tensorpack with Horovod (examples/maskrcnn/), tests, benchmark.
 #   make maskrcnn-demo MASKRCNN_DEMO_ARGS='--fresh --config "total_steps=600"'
 .PHONY: maskrcnn-demo maskrcnn-shapes test-maskrcnn bench-maskrcnn
 
@@ -9,8 +9,8 @@ maskrcnn-demo: setup ## tiny Mask R-CNN on synthetic shapes through `train` (2 p
 	$(PY) benchmarks/maskrcnn_demo.py $(MASKRCNN_DEMO_ARGS)
 
 maskrcnn-shapes: setup ## synthetic COCO shapes in build/shapes/{train,val} (for your own runs)
-	$(PY) src/scripts/maskrcnn/make_shapes.py --out build/shapes/train --n 64 --seed 1
-	$(PY) src/scripts/maskrcnn/make_shapes.py --out build/shapes/val --n 16 --seed 2
+	$(PY) examples/maskrcnn/make_shapes.py --out build/shapes/train --n 64 --seed 1
+	$(PY) examples/maskrcnn/make_shapes.py --out build/shapes/val --n 16 --seed 2
 
 test-maskrcnn: setup ## the Mask R-CNN tests only (unit <1 min; np=2 integration ~6 min on 2 loaded cores)
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests/maskrcnn

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def default_scripts_dir() -> Path:
-    return Path(os.environ.get("SMHVD_SCRIPTS_DIR") or REPO / "src" / "scripts")
+    return Path(os.environ.get("SMHVD_SCRIPTS_DIR") or REPO / "examples")
 
 
 def main(argv: list[str] | None = None) -> int:

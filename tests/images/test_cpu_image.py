@@ -97,9 +97,9 @@ def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: 
     record_timing("size-cpu", 0, bytes=info["Size"])
 
     probe = (
-        "set -e; command -v train; command -v smhvd-train; test -d /run/sshd; ls /opt/smhvd/scripts;"
+        "set -e; command -v train; command -v smhvd-train; test -d /run/sshd; ls /opt/smhvd/examples;"
         " ls /etc/ssh/ssh_host_ed25519_key; passwd -S root; horovodrun --check-build; train --help;"
-        f" cd /opt/smhvd/scripts/mnist && python -c {shlex.quote(EMBEDDED_DATA)}"
+        f" cd /opt/smhvd/examples/mnist && python -c {shlex.quote(EMBEDDED_DATA)}"
     )
     out = podman(engine_env, "run", "--rm", "--network", "none", cpu_image.immutable, "bash", "-c", probe)
     assert "/opt/venv/bin/train" in out
@@ -349,7 +349,7 @@ def test_rebuild_after_a_src_change_reuses_the_venv(
 ) -> None:
     # A copy of the build context with one new launcher module: only the last stage's launcher layers rebuild.
     ctx = tmp_path / "ctx"
-    for name in ("docker", "requirements", "src", "bin"):
+    for name in ("docker", "requirements", "src", "bin", "examples"):
         shutil.copytree(REPO / name, ctx / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("pyproject.toml", "README.md", "LICENSE", ".dockerignore"):
         shutil.copy2(REPO / name, ctx / name)

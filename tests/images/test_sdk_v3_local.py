@@ -25,7 +25,7 @@ from .helpers import REPO, WORK, BuiltImage, in_ci, record_timing
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(1800)]
 
-MNIST_DIR = REPO / "src" / "scripts" / "mnist"
+MNIST_DIR = REPO / "examples" / "mnist"
 JOB_TIMEOUT = 600.0
 
 

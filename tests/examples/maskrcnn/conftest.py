@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT_DIR = REPO / "src" / "scripts" / "maskrcnn"
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT_DIR = REPO / "examples" / "maskrcnn"
 SCRIPT = SCRIPT_DIR / "train_maskrcnn.py"
 if str(SCRIPT_DIR) not in sys.path:
     sys.path.insert(0, str(SCRIPT_DIR))

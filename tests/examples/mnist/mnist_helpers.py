@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT_DIR = REPO / "src" / "scripts" / "mnist"
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT_DIR = REPO / "examples" / "mnist"
 SCRIPT = SCRIPT_DIR / "train_mnist.py"
 RUN_TIMEOUT = 420  # seconds for one training run on a loaded 2-core machine (they take 20-60 s when quiet)
 

@@ -95,7 +95,7 @@ def test_two_ranks_learn_mnist_and_rank_0_alone_writes_one_model(job: Job) -> No
             "-c",
             check,
             str(job.model_dir / "1"),
-            str(Path(__file__).parents[2] / "src/scripts/mnist"),
+            str(SCRIPT_DIR),
         ],
         env=job.env({"TF_CPP_MIN_LOG_LEVEL": "2"}),
         capture_output=True,
