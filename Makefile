@@ -17,14 +17,14 @@ help: ## list the targets
 
 # The stamp is newer than every input of the setup, so `make setup` is a no-op until one of them changes.
 $(SETUP_STAMP): bin/setup-host.sh requirements/stack.txt requirements/horovod.txt requirements/diagnostics.txt \
-		requirements/dev.txt pyproject.toml
+		requirements/dev.txt pyproject.toml dev/pyproject.toml
 	bash bin/setup-host.sh --dev
 	touch $@
 
 setup: $(SETUP_STAMP) ## install system packages and the .venv (Open MPI, sshd, TensorFlow, Horovod...)
 
 demo: setup ## README command 1: Horovod Keras MNIST, 2 processes through `train`, prints test accuracy
-	$(PY) -m smhvd.demo --processes 2
+	$(PY) -m smhvd_dev.demo --processes 2
 
 test: setup lint ## README command 2: lint, then every test tier (unit, integration, cluster, images)
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests
@@ -34,9 +34,9 @@ test-fast: setup ## unit tests only (seconds)
 
 lint: setup ## ruff, mypy (strict), shellcheck, hadolint
 	command -v shellcheck >/dev/null || { apt-get update -qq && apt-get install -y -qq shellcheck; }
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
-	$(VENV)/bin/mypy src/smhvd src/smhvd_stage
+	$(VENV)/bin/ruff check src dev tests benchmarks examples
+	$(VENV)/bin/ruff format --check src dev tests benchmarks examples
+	$(VENV)/bin/mypy src/smhvd src/smhvd_stage dev/smhvd_sim dev/smhvd_dev
 	shellcheck -x bin/*.sh bin/lib/*.sh .ci/run docker/scripts/*.sh
 	$(VENV)/bin/hadolint $(wildcard docker/Dockerfile*)
 

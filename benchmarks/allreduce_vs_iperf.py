@@ -21,8 +21,8 @@ from pathlib import Path
 
 from cluster_common import reset_outputs, say, table
 
-from smhvd.cluster import Cluster, ClusterError, ClusterSpec
-from smhvd.cluster.waiting import wait_for
+from smhvd_sim import Cluster, ClusterError, ClusterSpec
+from smhvd_sim.system import wait_for
 
 JOB = """
 import argparse, json, os, statistics, time

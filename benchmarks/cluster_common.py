@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from smhvd.cluster import Cluster
+from smhvd_sim import Cluster
 
 # The job every launcher runs: each rank writes when it started and when it ended (or crashed) to
 # $SM_OUTPUT_DATA_DIR/times-<rank>.json on its own host. --mode crash: the rank on --crash_host exits 3

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from cluster_common import rank_times, reset_outputs, say, table, write_job
 
-from smhvd.cluster import Cluster, ClusterSpec
-from smhvd.cluster.jobs import HostProcess
-from smhvd.cluster.waiting import wait_for
+from smhvd_sim import Cluster, ClusterSpec
+from smhvd_sim.jobs import HostProcess
+from smhvd_sim.system import wait_for
 
 HOSTS = ("algo-1", "algo-2")
 

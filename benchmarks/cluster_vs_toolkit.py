@@ -35,7 +35,7 @@ from cluster_common import (
     write_job,
 )
 
-from smhvd.cluster import Cluster, ClusterSpec, HostResult
+from smhvd_sim import Cluster, ClusterSpec, HostResult
 
 OURS_TRAIN = ["train"]
 

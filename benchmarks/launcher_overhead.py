@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from smhvd.mltree import write_ml_tree
+from smhvd_dev.mltree import write_ml_tree
 
 SCRIPT = """
 import json, os, sys, time

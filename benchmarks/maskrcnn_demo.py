@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from smhvd.mltree import write_ml_tree
+from smhvd_dev.mltree import write_ml_tree
 
 REPO = Path(__file__).resolve().parents[1]
 CODE = REPO / "examples" / "maskrcnn"

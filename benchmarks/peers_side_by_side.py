@@ -44,10 +44,10 @@ from pathlib import Path
 
 from cluster_common import SSHD_CONFIG, TOOLKIT_TRAIN, rank_times, reset_outputs, say, table, write_job
 
-from smhvd.cluster import Cluster, ClusterError, ClusterSpec
-from smhvd.cluster.jobs import HostProcess
-from smhvd.cluster.spec import resource_config
-from smhvd.cluster.waiting import wait_for
+from smhvd_dev.mltree import resource_config
+from smhvd_sim import Cluster, ClusterError, ClusterSpec
+from smhvd_sim.jobs import HostProcess
+from smhvd_sim.system import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 MNIST_DIR = REPO / "examples" / "mnist"

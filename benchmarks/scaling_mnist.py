@@ -28,8 +28,8 @@ from pathlib import Path
 
 from cluster_common import reset_outputs, say, table
 
-from smhvd.cluster import Cluster, ClusterError, ClusterSpec
-from smhvd.cluster.spec import resource_config
+from smhvd_dev.mltree import resource_config
+from smhvd_sim import Cluster, ClusterError, ClusterSpec
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT_DIR = REPO / "examples" / "mnist"

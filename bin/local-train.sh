@@ -120,51 +120,15 @@ else
 fi
 work=$(cd "$work" && pwd)
 
-# The SDK's encoding of hyperparameters: json.dumps of every value; launcher keys set from the options win.
-extra=()
-[ -z "$source_dir" ] || extra+=(sagemaker_submit_directory=/opt/ml/code sagemaker_program="$entry_point")
-[ -z "$processes" ] || extra+=(sagemaker_mpi_num_of_processes_per_host="$processes")
-[ "$mpi_options_set" = 0 ] || extra+=(sagemaker_mpi_custom_mpi_options="$mpi_options")
-python3 - "$work" "$hp_file" "${channel_names[@]/#/channel:}" "${extra[@]/#/hp:}" <<'PY'
-import json, sys
-from pathlib import Path
-
-work, hp_file, *items = sys.argv[1:]
-hps = {}
-if hp_file:
-    try:
-        loaded = json.loads(Path(hp_file).read_text())
-    except (OSError, ValueError) as exc:
-        sys.exit(f"local-train.sh: --hyperparameters {hp_file}: not valid JSON ({exc})")
-    if not isinstance(loaded, dict):
-        sys.exit(f"local-train.sh: --hyperparameters {hp_file}: expected a JSON object, got {type(loaded).__name__}")
-    hps.update(loaded)
-channels = []
-for item in items:
-    kind, _, rest = item.partition(":")
-    if kind == "channel":
-        channels.append(rest)
-    else:
-        key, _, value = rest.partition("=")
-        hps[key] = int(value) if key == "sagemaker_mpi_num_of_processes_per_host" else value
-hps.setdefault("sagemaker_mpi_enabled", True)
-hps.setdefault("sagemaker_mpi_custom_mpi_options", "")
-hps.setdefault("sagemaker_container_log_level", 20)
-hps.setdefault("sagemaker_job_name", Path(work).name)
-
-root = Path(work)
-config = root / "input" / "config"
-for d in (config, root / "model", root / "output" / "data", root / "checkpoints", root / "code"):
-    d.mkdir(parents=True, exist_ok=True)
-for name in channels:
-    (root / "input" / "data" / name).mkdir(parents=True, exist_ok=True)
-(config / "hyperparameters.json").write_text(json.dumps({k: json.dumps(v) for k, v in hps.items()}, indent=1))
-(config / "resourceconfig.json").write_text(json.dumps(
-    {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0"}, indent=1))
-(config / "inputdataconfig.json").write_text(json.dumps({name: {
-    "ContentType": "application/octet-stream", "TrainingInputMode": "File",
-    "S3DistributionType": "FullyReplicated", "RecordWrapperType": "None"} for name in channels}, indent=1))
-PY
+# The tree: the project's one /opt/ml writer (dev/smhvd_dev/mltree.py, standard library only, run from this
+# checkout): hyperparameters JSON-encoded as the SDK does; launcher keys set from the options win.
+args=("$work")
+[ -z "$hp_file" ] || args+=(--hyperparameters "$hp_file")
+for cname in "${channel_names[@]}"; do args+=(--channel "$cname"); done
+[ -z "$source_dir" ] || args+=(--hp sagemaker_submit_directory=/opt/ml/code --hp "sagemaker_program=$entry_point")
+[ -z "$processes" ] || args+=(--hp-json "sagemaker_mpi_num_of_processes_per_host=$processes")
+[ "$mpi_options_set" = 0 ] || args+=(--hp "sagemaker_mpi_custom_mpi_options=$mpi_options")
+PYTHONPATH="$repo/dev:$repo/src" python3 -m smhvd_dev.mltree "${args[@]}"
 
 # No --rm: with it, podman's Docker-compatible API (docker CLI -> podman) reports exit code 0 for every
 # container; the container is removed below instead, once its exit code is known.

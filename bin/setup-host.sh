@@ -76,6 +76,10 @@ fi
 if [ "$dev" = 1 ]; then
   "${pip[@]}" install -q -r "$repo/requirements/dev.txt"
 fi
-# The launcher itself, editable so that src/ changes apply without reinstalling.
+# The launcher itself, editable so that src/ changes apply without reinstalling; with --dev, the development
+# tools beside it (dev/: the simulated cluster, the /opt/ml tree writer, the demos).
 "${pip[@]}" install -q --no-deps -e "$repo"
+if [ "$dev" = 1 ]; then
+  "${pip[@]}" install -q --no-deps -e "$repo/dev"
+fi
 echo "setup: ready ($venv/bin/train)"

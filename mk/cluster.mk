@@ -1,13 +1,13 @@
-# Simulated multi-host cluster (root, network namespaces): demo and benchmarks. Code: src/smhvd/cluster/.
+# Simulated multi-host cluster (root, network namespaces): demo and benchmarks. Code: dev/smhvd_sim/.
 .PHONY: cluster-demo cluster-cleanup bench-cluster bench-allreduce bench-scaling cluster-iperf3
 
 CLUSTER_DEMO_ARGS ?=
 
 cluster-demo: setup ## MNIST through `train` on 2 simulated hosts x 1 process; prints accuracy and each host's exit
-	$(PY) -m smhvd.cluster.demo --code $(REPO)/examples/mnist --hosts 2 $(CLUSTER_DEMO_ARGS)
+	$(PY) -m smhvd_dev.cluster_demo --code $(REPO)/examples/mnist --hosts 2 $(CLUSTER_DEMO_ARGS)
 
 cluster-cleanup: ## remove bridges and links left by a cluster tool that was SIGKILLed
-	$(PY) -m smhvd.cluster cleanup
+	$(PY) -m smhvd_sim cleanup
 
 cluster-iperf3:
 	@command -v iperf3 >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends iperf3; }

@@ -1,4 +1,10 @@
-"""Shared fixtures: a SageMaker /opt/ml tree with a code directory, and running the real `train` on it."""
+"""Shared fixtures: a SageMaker /opt/ml tree with a code directory and running the real `train` on it; the
+S3 server and the simulated cluster (from support/, registered here so that every test folder sees them).
+
+Test folders mirror the project's parts: launcher/ (src/smhvd), stage/ (src/smhvd_stage), dev/ (dev/: the
+simulator and the tree writer), examples/ (examples/), images/ (docker/ and bin/, the images and SDK clients).
+A test's tier is its marker: integration (real processes), cluster (network namespaces), images (image
+builds)."""
 
 from __future__ import annotations
 
@@ -11,8 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from smhvd.mltree import write_ml_tree
-from smhvd.paths import SageMakerPaths
+from smhvd.config.paths import SageMakerPaths
+from smhvd_dev.mltree import write_ml_tree
+from support.cluster import cluster_tools, code_dir, make_cluster
+from support.s3 import s3_port
+
+__all__ = ["cluster_tools", "code_dir", "make_cluster", "s3_port"]  # fixtures, registered by this import
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = Path(sys.executable).parent / "train"

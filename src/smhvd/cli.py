@@ -12,9 +12,9 @@ import signal
 import sys
 from pathlib import Path
 
-from . import failure
-from .errors import EX_SOFTWARE, EX_USAGE, LauncherError, Stopped
-from .paths import SageMakerPaths
+from smhvd.config.paths import SageMakerPaths
+from smhvd.errors import EX_SOFTWARE, EX_USAGE, LauncherError, Stopped
+from smhvd.report import failure
 
 log = logging.getLogger("smhvd")
 

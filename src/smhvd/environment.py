@@ -11,10 +11,10 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from .config import ResourceConfig
-from .hetero import Placement, group_env
-from .hyperparameters import to_env_value, to_script_args
-from .job import Job
+from smhvd.config.hyperparameters import to_env_value, to_script_args
+from smhvd.config.instance_groups import Placement, group_env
+from smhvd.config.job import Job
+from smhvd.config.sagemaker_files import ResourceConfig
 
 _LOG_LEVEL_NAMES = {10: "DEBUG", 20: "INFO", 30: "WARNING", 40: "ERROR", 50: "CRITICAL"}
 

@@ -9,16 +9,19 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import efa, sdk_v3
-from .environment import training_env
-from .hyperparameters import to_script_args
-from .job import Job, load_job
-from .leader import conclude, rank_command, run_leader
-from .mpi_command import AWS_CREDENTIAL_NAMES
-from .paths import SageMakerPaths
-from .processes import become_subreaper, kill_descendants
-from .signals import SignalWatch
-from .sourcecode import (
+from smhvd.config import sdk_v3
+from smhvd.config.hyperparameters import to_script_args
+from smhvd.config.job import Job, load_job
+from smhvd.config.paths import SageMakerPaths
+from smhvd.environment import training_env
+from smhvd.mpi import efa
+from smhvd.mpi.command import AWS_CREDENTIAL_NAMES
+from smhvd.proc.processes import become_subreaper, kill_descendants
+from smhvd.proc.signals import SignalWatch
+from smhvd.proc.supervisor import supervise
+from smhvd.roles.leader import conclude, rank_command, run_leader
+from smhvd.roles.worker import run_worker
+from smhvd.sourcecode import (
     Source,
     fetch_source,
     install_requirements,
@@ -26,8 +29,6 @@ from .sourcecode import (
     program_path,
     resolve_source,
 )
-from .supervisor import supervise
-from .worker import run_worker
 
 log = logging.getLogger("smhvd")
 THREAD_VARS = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")

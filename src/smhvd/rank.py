@@ -25,12 +25,12 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping, MutableMapping
 
-from . import hostenv
-from .errors import LauncherError
-from .failure import RankFailure
-from .processes import become_subreaper, kill_descendants, rank_program_preexec
-from .sshd import ssh_port
-from .summary import RankStart
+from smhvd.errors import LauncherError
+from smhvd.proc.processes import become_subreaper, kill_descendants, rank_program_preexec
+from smhvd.report.failure import RankFailure
+from smhvd.report.summary import RankStart
+from smhvd.roles import hostenv
+from smhvd.roles.sshd import ssh_port
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

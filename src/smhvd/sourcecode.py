@@ -23,10 +23,10 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import urlparse
 
-from .config import shown_key
-from .errors import ConfigError, RequirementsError, SourceError
-from .paths import SageMakerPaths
-from .settings import ProgramSettings
+from smhvd.config.launcher_options import ProgramSettings
+from smhvd.config.paths import SageMakerPaths
+from smhvd.config.sagemaker_files import shown_key
+from smhvd.errors import ConfigError, RequirementsError, SourceError
 
 SourceKind = Literal["directory", "archive", "s3"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from smhvd.mltree import write_ml_tree
+from smhvd_dev.mltree import write_ml_tree
 
 from .helpers import BuiltImage, record_timing, run, wait_until
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from smhvd.mltree import write_ml_tree
+from smhvd_dev.mltree import write_ml_tree
 
 from .conftest import SCRIPT_DIR, run_script, run_train
 

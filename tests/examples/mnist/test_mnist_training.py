@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from mnist_helpers import RUN_TIMEOUT, SCRIPT_DIR, Job, mpirun_argv, run_script
 
-from smhvd.mltree import write_ml_tree
+from smhvd_dev.mltree import write_ml_tree
 
 pytestmark = pytest.mark.integration
 

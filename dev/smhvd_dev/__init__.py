@@ -1,0 +1,1 @@
+"""Development helpers (not in the image): the one /opt/ml tree writer and the demos."""

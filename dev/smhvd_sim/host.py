@@ -1,0 +1,198 @@
+"""One simulated host: its namespaces around a reaping PID 1, its network link, and what can be done to it
+(run a command inside, kill its processes, cut its link, take it down)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from smhvd.proc import processes
+from smhvd_sim.spec import INTERFACE, HostAddress
+from smhvd_sim.system import ClusterError, run, wait_for
+
+HOSTINIT = Path(__file__).with_name("hostinit.py")
+NAMESPACES = ("--net", "--mount", "--uts", "--ipc", "--pid")
+SETUP_TIMEOUT = 30.0
+STOP_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """What one host sees instead of the machine's files: (source, target inside) bind mounts, tmpfs
+    mounts with their modes, and directories to create on them."""
+
+    hostname: str
+    binds: tuple[tuple[Path, Path], ...]
+    tmpfs: tuple[tuple[Path, str], ...]
+    dirs: tuple[tuple[Path, str], ...]
+    carry: tuple[Path, ...] = ()  # directories under a tmpfs target that must stay visible
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "hostname": self.hostname,
+                "binds": [[str(src), str(dst)] for src, dst in self.binds],
+                "tmpfs": [[str(dst), mode] for dst, mode in self.tmpfs],
+                "carry": [str(path) for path in self.carry],
+                "dirs": [[str(path), mode] for path, mode in self.dirs],
+            }
+        )
+
+
+def unshare_argv(config_file: Path, python: str = sys.executable) -> list[str]:
+    """The command that creates the host's namespaces and runs its PID 1 (killed if unshare dies) with
+    its layout read from ``config_file``."""
+    return [
+        "unshare",
+        *NAMESPACES,
+        "--fork",
+        "--mount-proc",
+        "--propagation",
+        "private",
+        "--kill-child",
+        "--",
+        python,
+        "-I",
+        str(HOSTINIT),
+        str(config_file),
+    ]
+
+
+def nsenter_argv(init_pid: int, argv: list[str], workdir: str = "/") -> list[str]:
+    """The command that runs ``argv`` inside the host whose PID 1 is ``init_pid`` (host pid)."""
+    return [
+        "nsenter",
+        "--target",
+        str(init_pid),
+        "--net",
+        "--mount",
+        "--uts",
+        "--ipc",
+        "--pid",
+        f"--wd={workdir}",
+        "--",
+        *argv,
+    ]
+
+
+class SimHost:
+    """A running simulated host. Create with :meth:`start`; always end with :meth:`stop`."""
+
+    def __init__(self, address: HostAddress, anchor: subprocess.Popen[bytes], init_pid: int) -> None:
+        self.address = address
+        self.name = address.name
+        self._anchor = anchor
+        self.init_pid = init_pid
+        self.pid_namespace = processes.namespace_id(init_pid, "pid")
+        self.net_namespace = processes.namespace_id(init_pid, "net")
+
+    @classmethod
+    def start(cls, address: HostAddress, layout: HostLayout, config_file: Path) -> SimHost:
+        """Start the host's namespaces and wait until its PID 1 has prepared them (``layout`` is written
+        to ``config_file`` for it)."""
+        config_file.write_text(layout.to_json())
+        anchor = subprocess.Popen(
+            unshare_argv(config_file),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            _wait_ready(anchor, address.name)
+            children = wait_for(
+                lambda: processes.children_of(anchor.pid) or None,
+                f"PID 1 of {address.name} to appear",
+                SETUP_TIMEOUT,
+            )
+        except BaseException:
+            anchor.kill()
+            anchor.wait(STOP_TIMEOUT)
+            raise
+        return cls(address, anchor, children[0])
+
+    def connect(self, bridge: str) -> None:
+        """Create the veth pair (inner end eth0), put the outer end on ``bridge``, set the address."""
+        run(
+            [
+                "ip",
+                "link",
+                "add",
+                self.address.outer_link,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                INTERFACE,
+                "netns",
+                str(self.init_pid),
+            ]
+        )
+        run(["ip", "link", "set", self.address.outer_link, "master", bridge, "up"])
+        commands = (
+            f"addr add {self.address.address} dev {INTERFACE}\n" f"link set {INTERFACE} up\nlink set lo up\n"
+        )
+        run(["nsenter", "--target", str(self.init_pid), "--net", "ip", "-batch", "-"], stdin=commands)
+
+    def set_link(self, *, up: bool) -> None:
+        """Cut (or restore) the host's network link, as if its cable were pulled."""
+        run(["ip", "link", "set", self.address.outer_link, "up" if up else "down"])
+
+    def command(self, argv: list[str], workdir: str = "/") -> list[str]:
+        """``argv`` wrapped to run inside this host."""
+        return nsenter_argv(self.init_pid, argv, workdir)
+
+    def processes(self) -> list[int]:
+        """Host pids of every process in this host except its PID 1."""
+        if self.pid_namespace is None:
+            return []
+        return [pid for pid in processes.pids_in_namespace("pid", self.pid_namespace) if pid != self.init_pid]
+
+    def kill_processes(self, signum: int = signal.SIGKILL) -> list[int]:
+        """Send ``signum`` to every process of the host (the host stays up, as after an OOM kill)."""
+        victims = self.processes()
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        return victims
+
+    @property
+    def alive(self) -> bool:
+        return self._anchor.poll() is None
+
+    def stop(self) -> None:
+        """Take the host down: killing PID 1 kills every process in its PID namespace; the network
+        namespace and its veth pair go when the last process has gone."""
+        if self._anchor.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.init_pid, signal.SIGKILL)
+            try:
+                self._anchor.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self._anchor.kill()
+                self._anchor.wait(STOP_TIMEOUT)
+        for stream in (self._anchor.stdin, self._anchor.stdout, self._anchor.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _wait_ready(anchor: subprocess.Popen[bytes], host: str) -> None:
+    """Read PID 1's READY line within SETUP_TIMEOUT; on failure report its stderr."""
+    assert anchor.stdout is not None
+    assert anchor.stderr is not None
+    ready, _, _ = select.select([anchor.stdout], [], [], SETUP_TIMEOUT)
+    line = anchor.stdout.readline() if ready else b""
+    if line.strip() == b"READY":
+        return
+    if not ready:
+        raise ClusterError(f"{host}: PID 1 did not report ready within {SETUP_TIMEOUT:g} s")
+    anchor.wait(STOP_TIMEOUT)
+    detail = anchor.stderr.read().decode(errors="replace").strip().splitlines()
+    raise ClusterError(f"{host}: setup failed: {detail[-1] if detail else 'no error output'}")

@@ -1,0 +1,7 @@
+"""What the job is: SageMaker's files under /opt/ml read into typed, frozen values.
+
+paths (the /opt/ml layout), sagemaker_files (resourceconfig/inputdataconfig JSON), hyperparameters (SDK
+decoding, launcher keys vs script arguments), launcher_options (the reserved keys as typed options), hardware
+(what this host has), instance_groups (heterogeneous clusters), sdk_v3 (ModelTrainer's files), and job (all of
+it, loaded once and validated).
+"""

@@ -1,0 +1,124 @@
+"""Hyperparameters: decode the SDK's JSON-encoded values, split launcher keys from script arguments.
+
+The SageMaker Python SDK JSON-encodes every value ("2", "true", "\\"text\\""). A value that is not valid JSON
+is kept as the raw string, as the sagemaker-training toolkit does, so hand-written files work too.
+Script arguments follow the toolkit's format so that scripts written for it run unchanged:
+sorted keys, `--key value` (`-k value` for one-letter keys), dicts as `k=v,k=v`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from smhvd.config.sagemaker_files import shown_key
+from smhvd.errors import ConfigError
+
+SOURCE = "hyperparameters.json"
+# Keys with these prefixes configure the launcher; they never reach the script's command line.
+RESERVED_PREFIXES = ("sagemaker_", "horovod_", "launcher_")
+# Every hyperparameter travels in the environment of each rank, all of them together in single variables
+# (SM_HPS, SM_TRAINING_ENV, the script's argv), and Linux limits one variable to 128 KiB (MAX_ARG_STRLEN).
+# Half of that for all of them (as JSON) leaves room for the rest of SM_TRAINING_ENV. SageMaker itself
+# allows 2500 characters per value.
+MAX_TOTAL_BYTES = 64 * 1024
+MAX_DEPTH = 100  # nesting of a decoded value (lists, objects)
+
+
+def decode_value(value: object, key: str = "") -> object:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except RecursionError:
+        raise ConfigError(SOURCE, shown_key(key), f"a value nested at most {MAX_DEPTH} deep") from None
+    except ValueError:
+        return value
+
+
+def decode_hyperparameters(raw: Mapping[str, object]) -> dict[str, object]:
+    """Decoded values; every key and value checked to be something a command line and an environment carry."""
+    decoded = {key: decode_value(value, key) for key, value in raw.items()}
+    for key, value in decoded.items():
+        check_value(key, value)
+    check_size(decoded)
+    return decoded
+
+
+def _carriable(text: str) -> bool:
+    """No NUL (it ends a C string: exec fails) and valid Unicode (a lone surrogate cannot be encoded)."""
+    if "\0" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_value(key: str, value: object) -> None:
+    """Refuse what no process can receive as an argument or variable: one ConfigError naming the key."""
+    expected = "text without NUL characters or lone surrogates (it becomes an argument and a variable)"
+    if not _carriable(key):
+        raise ConfigError(SOURCE, shown_key(key), f"a name of {expected}")
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:  # iterative: a value may be nested almost to the recursion limit
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ConfigError(SOURCE, shown_key(key), f"a value nested at most {MAX_DEPTH} deep")
+        if isinstance(item, str) and not _carriable(item):
+            raise ConfigError(SOURCE, shown_key(key), expected, item)
+        if isinstance(item, Mapping):
+            stack += [(k, depth + 1) for k in item] + [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            stack += [(v, depth + 1) for v in item]
+
+
+def check_size(decoded: Mapping[str, object]) -> None:
+    """All hyperparameters together fit in one environment variable; the error names the largest."""
+    sizes = {key: len(json.dumps({key: value})) for key, value in decoded.items()}
+    total = sum(sizes.values())
+    if total > MAX_TOTAL_BYTES:
+        largest = max(sizes, key=lambda k: sizes[k])
+        raise ConfigError(
+            SOURCE,
+            shown_key(largest),
+            f"hyperparameters of at most {MAX_TOTAL_BYTES} bytes in all (each rank gets them in one "
+            "environment variable, which Linux limits to 128 KiB; SageMaker allows 2500 characters a value), "
+            f"got {total} bytes, {sizes[largest]} of them this one",
+        )
+
+
+def is_reserved(key: str) -> bool:
+    return key.startswith(RESERVED_PREFIXES)
+
+
+def split_hyperparameters(
+    decoded: Mapping[str, object],
+) -> tuple[dict[str, object], dict[str, object]]:
+    """(launcher keys, user keys)."""
+    reserved = {k: v for k, v in decoded.items() if is_reserved(k)}
+    user = {k: v for k, v in decoded.items() if not is_reserved(k)}
+    return reserved, user
+
+
+def format_value(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items()))
+    return str(value)
+
+
+def to_script_args(user: Mapping[str, object]) -> list[str]:
+    args: list[str] = []
+    for key in sorted(user):
+        args += [f"--{key}" if len(key) > 1 else f"-{key}", format_value(user[key])]
+    return args
+
+
+def to_env_value(value: object) -> str:
+    """SM_HP_<NAME> values: strings as they are, everything else as compact JSON (the toolkit's format)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

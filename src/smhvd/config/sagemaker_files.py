@@ -1,0 +1,195 @@
+"""Parse SageMaker's /opt/ml/input/config/*.json into validated, typed, frozen values.
+
+Parsing is pure (data in, dataclass out); reading is one small function. Every error names the file, the key
+and what was expected, so a bad configuration fails before anything is started.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from smhvd.errors import ConfigError
+
+# A host name goes into ssh and mpirun argv: letters, digits, dot, dash, underscore; never a leading dash.
+# Always matched with fullmatch: `$` would also match before a final newline ("algo-1\n").
+_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+_CHANNEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    name: str
+    instance_type: str
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    current_host: str
+    hosts: tuple[str, ...]  # sorted: the leader is hosts[0] on every host
+    network_interface_name: str | None
+    current_instance_type: str | None = None
+    instance_groups: tuple[InstanceGroup, ...] = ()
+
+    @property
+    def leader(self) -> str:
+        return self.hosts[0]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.current_host == self.leader
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        return self.hosts[1:]
+
+
+@dataclass(frozen=True)
+class Channel:
+    name: str
+    content_type: str | None
+    input_mode: str
+    distribution: str | None
+    raw: Mapping[str, object]
+
+
+def read_json(path: Path, *, required: bool) -> object:
+    """Load one JSON file; a missing optional file reads as an empty object."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(path, None, "the file to exist (written by SageMaker)") from None
+        return {}
+    except OSError as exc:
+        raise ConfigError(path, None, "a readable file", exc.strerror) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, None, f"UTF-8 text (invalid byte at offset {exc.start})") from None
+    return parse_json(text, path)
+
+
+def parse_json(text: str, source: Path | str) -> object:
+    """json.loads, with every way it can fail (syntax, nesting beyond the recursion limit, an integer of
+    more digits than Python converts) as one ConfigError naming the source."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            source, None, f"valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
+        ) from None
+    except RecursionError:
+        raise ConfigError(
+            source, None, "JSON nested less deeply (it exceeds Python's recursion limit)"
+        ) from None
+    except ValueError as exc:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+        raise ConfigError(source, None, f"valid JSON ({exc})") from None
+
+
+def shown_key(key: str) -> str:
+    """A key as an error message shows it: as it is, or quoted with escapes when it holds a newline, a control
+    character or a lone surrogate (which could not even be written to the failure file)."""
+    return key if key.isprintable() else ascii(key)
+
+
+def _object(data: object, source: str) -> Mapping[str, object]:
+    if not isinstance(data, dict):
+        raise ConfigError(source, None, "a JSON object", type(data).__name__)
+    return data
+
+
+def _host(value: object, source: str, key: str) -> str:
+    if not isinstance(value, str) or not _HOST_RE.fullmatch(value):
+        raise ConfigError(source, key, "a host name (letters, digits, '.', '-', '_')", value)
+    return value
+
+
+def _host_list(value: object, source: str, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(source, key, "a non-empty list of host names", value)
+    hosts = tuple(_host(h, source, f"{key}[{i}]") for i, h in enumerate(value))
+    if len(set(hosts)) != len(hosts):
+        raise ConfigError(source, key, "distinct host names", value)
+    return hosts
+
+
+def _optional_str(data: Mapping[str, object], key: str, source: str) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(source, key, "a non-empty string", value)
+    return value
+
+
+def parse_resource_config(data: object, source: str = "resourceconfig.json") -> ResourceConfig:
+    obj = _object(data, source)
+    if "current_host" not in obj:
+        raise ConfigError(source, "current_host", "the name of this host")
+    if "hosts" not in obj:
+        raise ConfigError(source, "hosts", "the list of all hosts of the job")
+    current = _host(obj["current_host"], source, "current_host")
+    hosts = _host_list(obj["hosts"], source, "hosts")
+    if current not in hosts:
+        raise ConfigError(source, "current_host", f"one of hosts {list(hosts)}", current)
+    groups = _instance_groups(obj.get("instance_groups"), hosts, source)
+    return ResourceConfig(
+        current_host=current,
+        hosts=tuple(sorted(hosts)),
+        network_interface_name=_optional_str(obj, "network_interface_name", source),
+        current_instance_type=_optional_str(obj, "current_instance_type", source),
+        instance_groups=groups,
+    )
+
+
+def _instance_groups(value: object, hosts: tuple[str, ...], source: str) -> tuple[InstanceGroup, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(source, "instance_groups", "a list of instance groups", value)
+    groups = []
+    for i, item in enumerate(value):
+        key = f"instance_groups[{i}]"
+        group = _object(item, f"{source}: {key}")
+        name = _optional_str(group, "instance_group_name", f"{source}: {key}") or ""
+        itype = _optional_str(group, "instance_type", f"{source}: {key}") or ""
+        members = _host_list(group.get("hosts"), source, f"{key}.hosts")
+        stray = [h for h in members if h not in hosts]
+        if stray:
+            raise ConfigError(source, f"{key}.hosts", f"hosts listed in 'hosts' {list(hosts)}", stray)
+        groups.append(InstanceGroup(name=name, instance_type=itype, hosts=members))
+    return tuple(groups)
+
+
+def parse_input_data_config(data: object, source: str = "inputdataconfig.json") -> tuple[Channel, ...]:
+    obj = _object(data, source)
+    channels = []
+    for name in sorted(obj):
+        if not _CHANNEL_RE.fullmatch(name):
+            raise ConfigError(source, shown_key(name), "a channel name (letters, digits, '_', '.', '-')")
+        spec = _object(obj[name], f"{source}: {name}")
+        mode = spec.get("TrainingInputMode", "File")
+        if mode not in ("File", "Pipe", "FastFile"):
+            raise ConfigError(source, f"{name}.TrainingInputMode", "File, Pipe or FastFile", mode)
+        channels.append(
+            Channel(
+                name=name,
+                content_type=_optional_str(spec, "ContentType", source),
+                input_mode=str(mode),
+                distribution=_optional_str(spec, "S3DistributionType", source),
+                raw=dict(spec),
+            )
+        )
+    return tuple(channels)
+
+
+def parse_hyperparameters_file(data: object, source: str = "hyperparameters.json") -> dict[str, object]:
+    """The raw map; values are decoded in hyperparameters.py."""
+    obj = _object(data, source)
+    for key in obj:
+        if not key:
+            raise ConfigError(source, "''", "non-empty hyperparameter names")
+    return dict(obj)

@@ -1,0 +1,219 @@
+"""SageMaker Python SDK v3 (`sagemaker.train.ModelTrainer`): run its `source_code` jobs through this launcher.
+
+What v3 does (sagemaker-train 1.27.0, sagemaker/train/model_trainer.py, templates.py, constants.py):
+- with `source_code`, the container's entrypoint becomes `/bin/bash -c "chmod +x <drivers>/sm_train.sh &&
+  <drivers>/sm_train.sh"` (the image's ENTRYPOINT/CMD are not used), and an input channel `sm_drivers`
+  (/opt/ml/input/data/sm_drivers) carries sm_train.sh, the driver scripts, `sourcecode.json` (SourceCode's
+  fields: source_dir, requirements, entry_script, command, args, ignore_patterns) and `distributed.json`
+  (MPI: {"process_count_per_node": N or null, "mpi_additional_options": [argv tokens] or null}; `{}` without
+  `distributed`). The code is the channel `code` (/opt/ml/input/data/code; a source_dir ending in .tar.gz
+  arrives as that one file). Hyperparameters are strings as given, other values JSON (safe_serialize).
+- sm_train.sh then runs its mpi_driver.py (paramiko and sshd, `mpirun -np <process_count_per_node>`: one
+  host's worth of processes for the whole job), or basic_script_driver.py (the script once per host), or
+  `eval` of SourceCode.command.
+- without `source_code`, none of this exists: the container runs as for any other SDK (`train`, user
+  hyperparameters), and `distributed=` is refused by the SDK itself.
+
+The image's BASH_ENV (docker/scripts/sdk-v3-bash-env.sh) turns exactly that bash command into `train`; this
+module reads the drivers channel, and the launcher then runs the entry script as it runs any job: MPI over all
+hosts (process_count_per_node on each), its fast exits, failure file and exit codes. What it does not run
+itself (SourceCode.command, Torchrun) goes back to v3's own sm_train.sh, unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal, NoReturn
+
+from smhvd.config.job import Job
+from smhvd.config.paths import SageMakerPaths
+from smhvd.config.sagemaker_files import read_json
+from smhvd.errors import ConfigError
+
+log = logging.getLogger("smhvd")
+
+DRIVERS_CHANNEL = "sm_drivers"
+CODE_CHANNEL = "code"
+TRAIN_SCRIPT = "sm_train.sh"
+SOURCE_CODE_JSON = "sourcecode.json"
+DISTRIBUTED_JSON = "distributed.json"
+# The bash command v3 gives the container (constants.DEFAULT_CONTAINER_ARGUMENTS, drivers at /opt/ml).
+SM_TRAIN_COMMAND = (
+    "chmod +x /opt/ml/input/data/sm_drivers/sm_train.sh && /opt/ml/input/data/sm_drivers/sm_train.sh"
+)
+
+DistributedKind = Literal["none", "mpi", "other"]
+
+
+@dataclass(frozen=True)
+class SourceCode:
+    entry_script: str | None
+    command: str | None
+    requirements: str | None  # a file in the code directory, installed with pip before the job
+    source_dir: str | None  # the user's own path: only whether it names a .tar.gz matters here
+
+
+@dataclass(frozen=True)
+class Distributed:
+    kind: DistributedKind
+    process_count_per_node: int | None = None
+    mpi_additional_options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class V3Job:
+    drivers_dir: Path
+    code_dir: Path
+    source: SourceCode
+    distributed: Distributed
+
+    @property
+    def code_location(self) -> Path:
+        """The directory of the code, or the .tar.gz it came as (unpacked by the launcher)."""
+        name = self.source.source_dir
+        if name and name.endswith(".tar.gz"):
+            return self.code_dir / PurePosixPath(name).name
+        return self.code_dir
+
+    @property
+    def unsupported(self) -> str | None:
+        """Why the launcher leaves this job to v3's own driver, or None when it runs it."""
+        if self.source.command:
+            return "SourceCode.command is a shell command of its own (v3 runs it with eval, once per host)"
+        if self.distributed.kind == "other":
+            return "distributed= is not MPI (e.g. Torchrun)"
+        if not self.source.entry_script:
+            return "SourceCode has no entry_script"
+        return None
+
+
+def _optional_str(data: Mapping[str, object], key: str, source: str) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(source, key, "a string or null", value)
+    return value or None
+
+
+def parse_source_code(data: object, source: str = SOURCE_CODE_JSON) -> SourceCode:
+    if not isinstance(data, dict):
+        raise ConfigError(source, None, "a JSON object (SourceCode's fields)", data)
+    entry = _optional_str(data, "entry_script", source)
+    if entry is not None and (PurePosixPath(entry).is_absolute() or ".." in PurePosixPath(entry).parts):
+        raise ConfigError(source, "entry_script", "a path relative to source_dir", entry)
+    requirements = _optional_str(data, "requirements", source)
+    if requirements is not None and (
+        PurePosixPath(requirements).is_absolute() or ".." in PurePosixPath(requirements).parts
+    ):
+        raise ConfigError(source, "requirements", "a path relative to source_dir", requirements)
+    return SourceCode(
+        entry_script=entry,
+        command=_optional_str(data, "command", source),
+        requirements=requirements,
+        source_dir=_optional_str(data, "source_dir", source),
+    )
+
+
+def parse_distributed(data: object, source: str = DISTRIBUTED_JSON) -> Distributed:
+    """{} -> no distributed; MPI's two keys -> mpi; anything else (Torchrun has `smp`) -> other."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, None, "a JSON object (the distributed= config)", data)
+    if not data:
+        return Distributed("none")
+    if set(data) != {"process_count_per_node", "mpi_additional_options"}:
+        return Distributed("other")
+    count = data["process_count_per_node"]
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise ConfigError(source, "process_count_per_node", "an integer >= 1 or null", count)
+    options = data["mpi_additional_options"]
+    if options is None:
+        options = []
+    if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+        raise ConfigError(source, "mpi_additional_options", "a list of mpirun arguments or null", options)
+    return Distributed("mpi", count, tuple(options))
+
+
+def load(paths: SageMakerPaths) -> V3Job | None:
+    """The v3 job this container was given, or None when there is no v3 drivers channel (any other job)."""
+    drivers = paths.channel_dir(DRIVERS_CHANNEL)
+    source_json = drivers / SOURCE_CODE_JSON
+    if not (drivers / TRAIN_SCRIPT).is_file() or not source_json.is_file():
+        return None
+    distributed_json = drivers / DISTRIBUTED_JSON
+    return V3Job(
+        drivers_dir=drivers,
+        code_dir=paths.channel_dir(CODE_CHANNEL),
+        source=parse_source_code(read_json(source_json, required=True), str(source_json)),
+        distributed=parse_distributed(read_json(distributed_json, required=False), str(distributed_json)),
+    )
+
+
+def apply(job: Job, v3: V3Job) -> Job:
+    """The job with v3's settings: MPI on all hosts (or the script once per host), its script and code."""
+    settings = job.settings
+    dist = v3.distributed
+    mpi = dataclasses.replace(
+        settings.mpi,
+        enabled=dist.kind == "mpi",
+        processes_per_host=dist.process_count_per_node or settings.mpi.processes_per_host,
+        custom_options=settings.mpi.custom_options + dist.mpi_additional_options,
+    )
+    program = dataclasses.replace(
+        settings.program, program=v3.source.entry_script, submit_directory=str(v3.code_location)
+    )
+    return dataclasses.replace(job, settings=dataclasses.replace(settings, mpi=mpi, program=program))
+
+
+def script_args(user_hyperparameters: Mapping[str, object]) -> list[str]:
+    """The script's arguments as v3's drivers make them: `--key value` in file order, non-strings as JSON."""
+    args: list[str] = []
+    for key, value in user_hyperparameters.items():
+        args += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    return args
+
+
+def env(v3: V3Job, job: Job) -> dict[str, str]:
+    """Variables v3's environment.py sets that scripts written for v3 read (the toolkit's are set already)."""
+    values = {
+        "SM_SOURCE_DIR": str(v3.code_dir),
+        "SM_ENTRY_SCRIPT": v3.source.entry_script or "",
+        "SM_MASTER_ADDR": job.resources.leader,
+        "SM_MASTER_PORT": "7777",
+        "SM_HOST_COUNT": str(len(job.resources.hosts)),
+        "SM_INPUT_DATA_DIR": str(job.paths.data_dir),
+        "SM_OUTPUT_FAILURE": str(job.paths.failure_file),
+    }
+    if v3.distributed.kind != "none":
+        values["SM_DISTRIBUTED_DRIVER_DIR"] = str(v3.drivers_dir / "distributed_drivers")
+        values["SM_DISTRIBUTED_CONFIG"] = json.dumps(
+            {
+                "process_count_per_node": v3.distributed.process_count_per_node,
+                "mpi_additional_options": list(v3.distributed.mpi_additional_options),
+            }
+        )
+    return values
+
+
+def describe(v3: V3Job, job: Job) -> str:
+    if v3.distributed.kind == "mpi":
+        how = (
+            f"MPI, {job.processes_per_host} process(es) per host on {len(job.resources.hosts)} host(s) "
+            f"instead of v3's mpi_driver.py"
+        )
+    else:
+        how = "once on each host instead of v3's basic_script_driver.py"
+    return f"SDK v3 ModelTrainer job: running {v3.source.entry_script} {how}"
+
+
+def hand_back(v3: V3Job, environ: Mapping[str, str]) -> NoReturn:
+    """Run v3's own sm_train.sh in place of `train` (what the container was told to run), without our hook."""
+    log.info("SDK v3 job left to v3's sm_train.sh: %s", v3.unsupported)
+    child_env = {k: v for k, v in environ.items() if k != "BASH_ENV"}
+    os.execve("/bin/bash", ["/bin/bash", "-c", SM_TRAIN_COMMAND], child_env)  # noqa: S606 (v3's own command)

@@ -1,0 +1,150 @@
+"""Process-tree utilities: child subreaper, descendants from /proc, reaping orphans, signalling a tree.
+
+The launcher marks itself a child subreaper (or is PID 1 in a container): an orted that daemonizes is then
+re-parented to the launcher, not to init, so the launcher can find and clean up everything it started, and
+must reap those orphans itself (`reap_orphans`) without stealing the exit status of its own Popen children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PTRACER = 0x59616D61  # Yama
+_PR_SET_PTRACER_ANY = ctypes.c_ulong(-1).value
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+
+
+def become_subreaper() -> None:
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """For preexec_fn: the child gets `sig` when its parent dies (no orphans left running)."""
+    _prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+def rank_program_preexec() -> None:
+    """For a rank's program: die with the rank wrapper, and let a stack dumper that is not its ancestor
+    (py-spy, started by the launcher) read it where Yama restricts ptrace to ancestors."""
+    die_with_parent()
+    with contextlib.suppress(OSError):  # no Yama: nothing to allow
+        _prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY)
+
+
+def read_process_table(proc: Path = Path("/proc")) -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state letter) for every visible process."""
+    table: dict[int, tuple[int, str]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name is in parentheses and may contain spaces: split after the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        table[int(entry.name)] = (int(fields[1]), fields[0])
+    return table
+
+
+def descendants_of(root: int, table: Mapping[int, tuple[int, str]]) -> list[int]:
+    """All descendants of `root` (children before grandchildren)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        nxt = []
+        for pid in frontier:
+            for child in sorted(children.get(pid, ())):
+                found.append(child)
+                nxt.append(child)
+        frontier = nxt
+    return found
+
+
+def descendants(root: int | None = None) -> list[int]:
+    return descendants_of(os.getpid() if root is None else root, read_process_table())
+
+
+RANK_MODULE = "smhvd.rank"  # the rank wrapper: `python -m smhvd.rank ...`
+
+
+def is_rank_wrapper(pid: int) -> bool:
+    return RANK_MODULE in cmdline(pid)[1:4]
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def is_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[0] != "Z"
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of `pid` (a kernel may lack /proc/PID/task/TID/children, so the table is scanned)."""
+    return sorted(child for child, (ppid, _) in read_process_table().items() if ppid == pid)
+
+
+def namespace_id(pid: int, kind: str) -> int | None:
+    """The inode naming the `kind` namespace ("net", "pid", ...) of `pid`; None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/ns/{kind}").stat().st_ino
+    except OSError:
+        return None
+
+
+def pids_in_namespace(kind: str, ns_id: int) -> list[int]:
+    """Processes whose `kind` namespace is `ns_id`."""
+    return sorted(pid for pid in read_process_table() if namespace_id(pid, kind) == ns_id)
+
+
+def reap_orphans(keep: Iterable[int]) -> list[int]:
+    """Reap zombie children that are not ours to wait for (re-parented orphans). Returns the reaped pids."""
+    keep_set = set(keep)
+    me = os.getpid()
+    reaped = []
+    for pid, (ppid, state) in read_process_table().items():
+        if ppid == me and state == "Z" and pid not in keep_set:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+                reaped.append(pid)
+            except ChildProcessError:
+                pass
+    return reaped
+
+
+def signal_pids(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def kill_descendants(root: int | None = None) -> None:
+    """SIGKILL every descendant: what is left when a role ends must not outlive it."""
+    signal_pids(reversed(descendants(root)), signal.SIGKILL)
+    reap_orphans(())

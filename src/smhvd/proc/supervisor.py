@@ -1,0 +1,242 @@
+"""Run one command (mpirun, or a single rank) to its end: stream its stderr, handle signals, reap orphans.
+
+On a stop signal (SIGTERM from SageMaker, Ctrl-C) the ranks *on this host* get SIGTERM directly, so every
+rank can save a checkpoint; the command itself is left to end when they do.
+
+When Open MPI announces that the job aborts (ranks that cannot reach each other, MPI_Abort, a lost daemon) and
+mpirun has not exited ABORT_GRACE seconds later, it never will by itself (ranks stuck in a collective or in
+MPI_Finalize): mpirun gets SIGTERM, which ends the ranks on every host, then SIGKILL after KILL_GRACE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from smhvd import link
+from smhvd.errors import EX_MPI_ABORT
+from smhvd.mpi.output import StderrFilter
+from smhvd.proc.processes import descendants, die_with_parent, is_rank_wrapper, reap_orphans, signal_pids
+from smhvd.proc.signals import SignalWatch, is_stop
+
+log = logging.getLogger("smhvd")
+ABORT_GRACE = 5.0  # Open MPI said the job aborts -> mpirun gets SIGTERM if still running after this long
+KILL_GRACE = 3.0
+# On a stop, the dump may hold up the loop (and the heartbeats to workers, which give up after 10 s of
+# silence) this long before the ranks are stopped.
+STOP_DUMP_WAIT = 8.0  # ... and SIGKILL (with whatever it left on this host) this long after that
+DRAIN_LIMIT = 1 << 20  # after the command exited: at most this much of what is already in its stderr pipe
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    output: StderrFilter
+    stopped: bool
+    ended_hung_abort: bool = False  # Open MPI announced an abort and mpirun had to be ended by the launcher
+
+
+def local_ranks() -> list[int]:
+    """Rank wrappers started on this host by this launcher (directly, by mpirun or by orted)."""
+    return [pid for pid in descendants() if is_rank_wrapper(pid)]
+
+
+def stop_local_ranks() -> list[int]:
+    ranks = local_ranks()
+    signal_pids(ranks, signal.SIGTERM)
+    return ranks
+
+
+def supervise(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    keep: Sequence[int] = (),
+    watch: SignalWatch | None = None,
+    tick: Callable[[], object] | None = None,
+    tick_interval: float = link.HEARTBEAT_INTERVAL,
+    dumps: Dumps | None = None,
+    on_stop: Callable[[], object] = lambda: None,
+) -> Outcome:
+    """Run argv to its end. `tick` (the leader's heartbeat to its workers) is called every tick_interval;
+    `dumps` says when to take stack dumps of every rank (SIGUSR1, a stop, a Horovod stall, silence);
+    `on_stop` runs once a stop request reached the local ranks (the leader passes it on to its workers)."""
+    output = StderrFilter()
+    dumps = dumps or Dumps(lambda _why: None)
+    proc = subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: die_with_parent(signal.SIGTERM),  # noqa: PLW1509  (no job outlives the launcher)
+    )
+    keep_pids = {proc.pid, *keep}
+    stopped = False
+    assert proc.stderr is not None
+    stderr_fd = proc.stderr.fileno()
+    own = watch is None
+    watch = watch or SignalWatch().__enter__()
+    exited = os.pidfd_open(proc.pid)
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(stderr_fd, selectors.EVENT_READ)
+            sel.register(watch.fileno(), selectors.EVENT_READ)
+            sel.register(exited, selectors.EVENT_READ)
+            open_stream = True
+            next_tick = time.monotonic() + tick_interval
+            hung = _HungAbort(proc)
+            while open_stream and not hung.gave_up():
+                if tick is not None and time.monotonic() >= next_tick:
+                    tick()
+                    next_tick = time.monotonic() + tick_interval
+                hung.check(output.abort_notice)
+                dumps.check(output)
+                steps = (next_tick if tick else None, hung.next_step(), dumps.next_step())
+                deadlines = [t for t in steps if t is not None]
+                timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+                for key, _ in sel.select(timeout):
+                    if key.fd == stderr_fd:
+                        data = os.read(stderr_fd, 65536)
+                        if not data:
+                            open_stream = False
+                            break
+                        os.write(2, output.feed(data))
+                        dumps.heard()
+                    elif key.fd == exited:
+                        # The job ends when the command does, not when every copy of its stderr closes (a
+                        # process it left behind may hold one): take what is in the pipe, stop reading.
+                        _drain(stderr_fd, output)
+                        open_stream = False
+                        break
+                    else:
+                        stopped = _on_signals(watch, stopped, keep_pids, dumps, on_stop)
+        os.write(2, output.flush())
+        code = proc.wait()
+        remove_session_dir(proc.pid, env)
+    finally:
+        os.close(exited)
+        if own:
+            watch.__exit__(None, None, None)
+    if hung.ended:
+        return Outcome(exit_code=EX_MPI_ABORT, output=output, stopped=stopped, ended_hung_abort=True)
+    return Outcome(exit_code=code if code >= 0 else 128 - code, output=output, stopped=stopped)
+
+
+def _on_signals(
+    watch: SignalWatch, stopped: bool, keep_pids: set[int], dumps: Dumps, on_stop: Callable[[], object]
+) -> bool:
+    """A stop request goes to the local ranks (once, after a stack dump); orphans are reaped; SIGUSR1 takes
+    a stack dump. Whether a stop was requested."""
+    for sig in watch.drain():
+        if sig == signal.SIGUSR1:
+            dumps.dump("SIGUSR1")
+        elif is_stop(sig) and not stopped:
+            stopped = True
+            dumps.dump(f"stopped by {signal.Signals(sig).name}")
+            dumps.settle(STOP_DUMP_WAIT)  # the ranks' stacks before they are stopped
+            ranks = stop_local_ranks()
+            log.warning("%s received: SIGTERM sent to %d local rank(s)", signal.Signals(sig).name, len(ranks))
+            on_stop()
+        elif sig == signal.SIGCHLD:
+            reap_orphans(keep_pids)
+    return stopped
+
+
+def _drain(fd: int, output: StderrFilter) -> None:
+    """Pass on what is already in the pipe (bounded: a leftover process may keep writing)."""
+    os.set_blocking(fd, False)
+    drained = 0
+    with contextlib.suppress(BlockingIOError):
+        while drained < DRAIN_LIMIT and (data := os.read(fd, 65536)):
+            drained += len(data)
+            os.write(2, output.feed(data))
+
+
+def session_dirs(pid: int, env: Mapping[str, str]) -> list[Path]:
+    """The session directory mpirun `pid` made (Open MPI 4: TMPDIR/ompi.<node>.<uid>/pid.<pid>; its temp
+    dir is TMPDIR, else TEMP, else TMP, else /tmp)."""
+    tmp = Path(env.get("TMPDIR") or env.get("TEMP") or env.get("TMP") or "/tmp")
+    return sorted(tmp.glob(f"ompi.*.{os.getuid()}/pid.{pid}"))
+
+
+def remove_session_dir(pid: int, env: Mapping[str, str]) -> None:
+    """Remove what mpirun `pid` left in its temp dir (it does so itself only when it ends cleanly)."""
+    for directory in session_dirs(pid, env):
+        shutil.rmtree(directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            directory.parent.rmdir()  # only when empty: another job on this host may use it
+
+
+@dataclass
+class Dumps:
+    """When to take stack dumps of every rank (stacks.py), besides SIGUSR1 and a stop: once when Horovod
+    reports a stall, and once per silence when no rank has written anything for `silence` seconds."""
+
+    dump: Callable[[str], object]  # starts a dump in the background
+    settle: Callable[[float], object] = lambda _timeout: None  # waits (bounded) for the dump to finish
+    silence: float | None = None  # launcher_hang_dump_seconds
+    last_heard: float = field(default_factory=time.monotonic)
+    stall_dumped: bool = False
+    silence_dumped: bool = False
+
+    def heard(self) -> None:
+        self.last_heard = time.monotonic()
+        self.silence_dumped = False
+
+    def next_step(self) -> float | None:
+        return None if self.silence is None or self.silence_dumped else self.last_heard + self.silence
+
+    def check(self, output: StderrFilter) -> None:
+        if output.stall_notice is not None and not self.stall_dumped:
+            self.stall_dumped = True
+            self.dump("Horovod reported a stall")
+        step = self.next_step()
+        if step is not None and time.monotonic() >= step:
+            self.silence_dumped = True
+            self.dump(f"no output from any rank for {self.silence:g}s")
+
+
+class _HungAbort:
+    """Ends mpirun when Open MPI announced an abort and mpirun does not exit (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.term_at: float | None = None
+        self.kill_at: float | None = None
+        self.killed_at: float | None = None
+        self.ended = False
+
+    def next_step(self) -> float | None:
+        if self.killed_at is not None:
+            return self.killed_at + KILL_GRACE
+        return self.kill_at if self.term_at is None or self.kill_at is not None else self.term_at
+
+    def check(self, notice: str | None) -> None:
+        if notice is None or self.proc.poll() is not None:
+            return
+        now = time.monotonic()
+        if self.term_at is None:
+            self.term_at = now + ABORT_GRACE
+        elif self.kill_at is None and now >= self.term_at:
+            log.error("Open MPI aborted the job (%s) and mpirun did not exit: ending it", notice)
+            self.ended = True
+            self.proc.terminate()
+            self.kill_at = now + KILL_GRACE
+        elif self.kill_at is not None and self.killed_at is None and now >= self.kill_at:
+            self.proc.kill()
+            signal_pids(local_ranks(), signal.SIGKILL)
+            self.killed_at = now
+
+    def gave_up(self) -> bool:
+        """mpirun is dead but something it started still holds its stderr: stop reading after KILL_GRACE."""
+        return self.killed_at is not None and time.monotonic() >= self.killed_at + KILL_GRACE

@@ -1,0 +1,1 @@
+"""What the job tells the user: the failure file, the job summary, stack dumps of hung ranks."""

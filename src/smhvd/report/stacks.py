@@ -1,0 +1,233 @@
+"""Python stack dumps of every rank, for jobs that hang: where is each rank stuck?
+
+`python -m smhvd.report.stacks HOST OUT_DIR` dumps every rank running on this host with py-spy
+(`py-spy dump --pid`, in parallel, each bounded), writes `OUT_DIR/stacks/<host>-rank<N>.txt`, and prints one
+JSON line per rank:
+`{"rank": N, "host": H, "where": "allreduce (horovod/tensorflow/mpi_ops.py:NN)", "file": ...}`. The leader
+runs it locally and on every other MPI host over the job's ssh configuration, then puts one line first in
+the log (and, when the job then fails or is stopped, in the failure file): which ranks sit where.
+
+Ranks are found from /proc: the children of the rank wrappers (`-m smhvd.rank`) whose own SM_CURRENT_HOST is
+this host. A dump only reads the process (process_vm_readv); it never stops or signals it, so a healthy job
+goes on. The rank wrapper allows any process of the same user to read its program (PR_SET_PTRACER), so this
+works where Yama restricts ptrace to ancestors; the container needs no extra capability as root.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import logging
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from smhvd.proc.processes import is_rank_wrapper, read_process_table
+from smhvd.roles.peers import ssh_command
+
+DUMP_TIMEOUT = 20.0  # one py-spy dump
+REMOTE_TIMEOUT = DUMP_TIMEOUT + 15.0  # another host's dumps: ssh connect + its parallel dumps
+log = logging.getLogger("smhvd")
+_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
+_HOROVOD_FILE = re.compile(r"(^|/)horovod/")
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    rank: int | None
+    pid: int
+
+
+@dataclass(frozen=True)
+class RankDump:
+    rank: int | None
+    host: str
+    where: str  # the innermost Horovod frame of the main thread, else its innermost frame
+    file: str  # the full dump
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+def _environ(pid: int, proc: Path) -> dict[str, str]:
+    try:
+        raw = (proc / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def find_ranks(host: str, output_data_dir: Path, proc: Path = Path("/proc")) -> list[RankProcess]:
+    """The training programs of this job's ranks on this host (children of the rank wrappers whose
+    SM_CURRENT_HOST and SM_OUTPUT_DATA_DIR are this host's and this job's), sorted by rank."""
+    table = read_process_table(proc)
+    wrappers = {pid for pid in table if is_rank_wrapper(pid)}
+    found = []
+    for pid, (ppid, _) in table.items():
+        if ppid not in wrappers:
+            continue
+        env = _environ(pid, proc)
+        if env.get("SM_CURRENT_HOST", host) != host:
+            continue  # another simulated host's rank, visible through a shared /proc
+        if env.get("SM_OUTPUT_DATA_DIR", str(output_data_dir)) != str(output_data_dir):
+            continue  # another job's
+        rank = env.get("OMPI_COMM_WORLD_RANK", "")
+        found.append(RankProcess(int(rank) if rank.isdigit() else None, pid))
+    return sorted(found, key=lambda r: (r.rank is None, r.rank or 0, r.pid))
+
+
+def where(dump: str) -> str:
+    """Where the main thread is: its innermost Horovod frame, else its innermost frame. Pure."""
+    frames: list[tuple[str, str, str]] = []
+    for line in dump.splitlines():
+        if line.startswith("Thread ") and frames:
+            break  # only the first thread listed (py-spy lists the main thread first)
+        match = _FRAME.match(line)
+        if match:
+            frames.append((match["func"], match["file"], match["line"]))
+    if not frames:
+        return "no Python frames (" + (dump.strip().splitlines() or ["empty dump"])[-1][:120] + ")"
+    func, file, line = next((f for f in frames if _HOROVOD_FILE.search(f[1])), frames[0])
+    return f"{func} ({file}:{line})"
+
+
+def dump_one(rank: RankProcess, host: str, out_dir: Path, py_spy: str) -> RankDump:
+    try:
+        proc = subprocess.run(
+            [py_spy, "dump", "--pid", str(rank.pid)],
+            capture_output=True,
+            text=True,
+            timeout=DUMP_TIMEOUT,
+            check=False,
+        )
+        text = proc.stdout + (f"\n[py-spy exited {proc.returncode}] {proc.stderr}" if proc.returncode else "")
+    except subprocess.TimeoutExpired:
+        text = f"[py-spy dump took more than {DUMP_TIMEOUT:g}s]"
+    name = f"{host}-rank{'unknown' if rank.rank is None else rank.rank}.txt"
+    path = out_dir / "stacks" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return RankDump(rank.rank, host, where(text), str(path))
+
+
+def dump_host(host: str, out_dir: Path, ranks: Sequence[RankProcess] | None = None) -> list[RankDump]:
+    """Dump this host's ranks in parallel; each dump is bounded, so the whole is too."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    todo = list(find_ranks(host, out_dir) if ranks is None else ranks)
+    if not todo:
+        return []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
+        return list(pool.map(lambda r: dump_one(r, host, out_dir, py_spy), todo))
+
+
+def summary_line(dumps: Iterable[RankDump], reason: str) -> str:
+    """'stack dump (why): ranks 0,2 in allreduce (...); rank 1 on algo-2 in sleep (...)'. Pure."""
+    by_place: dict[str, list[RankDump]] = defaultdict(list)
+    for dump in dumps:
+        by_place[dump.where].append(dump)
+    if not by_place:
+        return f"stack dump ({reason}): no rank was running"
+    parts = []
+    for place, group in sorted(by_place.items(), key=lambda kv: min(d.rank or 0 for d in kv[1])):
+        ranks = ",".join(
+            "?" if d.rank is None else str(d.rank) for d in sorted(group, key=lambda d: d.rank or 0)
+        )
+        hosts = ",".join(sorted({d.host for d in group}))
+        label = "ranks" if len(group) > 1 else "rank"
+        parts.append(f"{label} {ranks} on {hosts} in {place}")
+    return f"stack dump ({reason}): " + "; ".join(parts)
+
+
+def parse_dumps(lines: Iterable[str]) -> list[RankDump]:
+    """RankDump JSON lines (from `python -m smhvd.report.stacks` on another host); other lines are skipped."""
+    dumps = []
+    for line in lines:
+        try:
+            data: Mapping[str, object] = json.loads(line)
+            rank = data["rank"]
+            dumps.append(
+                RankDump(
+                    rank if isinstance(rank, int) else None,
+                    str(data["host"]),
+                    str(data["where"]),
+                    str(data["file"]),
+                )
+            )
+        except (ValueError, KeyError, TypeError):
+            continue
+    return dumps
+
+
+class StackDumper:
+    """The leader's dumps: its own ranks here, every other MPI host's over the job's ssh configuration, all in
+    parallel; one summary line logged and kept (`last_line`) for the failure file."""
+
+    def __init__(self, host: str, out_dir: Path, others: Sequence[str], ssh_config: Path | None) -> None:
+        self.host = host
+        self.out_dir = out_dir
+        self.others = list(others) if ssh_config is not None else []
+        self.ssh_config = ssh_config
+        self.last_line: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, reason: str) -> None:
+        """Dump in the background (the leader keeps reading output and sending heartbeats meanwhile);
+        a request while a dump runs is dropped."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self.dump, args=(reason,), name="smhvd-stacks", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def dump(self, reason: str) -> str:
+        log.warning("taking a stack dump of every rank (%s)", reason)
+        remote = [
+            subprocess.Popen(
+                ssh_command(self.ssh_config, host, [sys.executable, "-m", __name__, host, str(self.out_dir)]),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+                text=True,
+            )
+            for host in self.others
+            if self.ssh_config is not None
+        ]
+        dumps = dump_host(self.host, self.out_dir)
+        for proc in remote:
+            try:
+                out, _ = proc.communicate(timeout=REMOTE_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            dumps += parse_dumps(out.splitlines())
+        line = summary_line(dumps, reason)
+        log.warning("%s (files in %s)", line, self.out_dir / "stacks")
+        with contextlib.suppress(OSError), (self.out_dir / "stacks" / "summary.txt").open("a") as f:
+            f.write(line + "\n")
+        self.last_line = line
+        return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        sys.stderr.write("usage: python -m smhvd.report.stacks HOST OUTPUT_DATA_DIR\n")
+        return 64
+    for dump in dump_host(args[0], Path(args[1])):
+        print(dump.to_json(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

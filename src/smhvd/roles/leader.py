@@ -1,0 +1,204 @@
+"""The leader (sorted(hosts)[0]): hostfile, reach the workers, run mpirun, report, tell the workers."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from smhvd.config.job import Job
+from smhvd.errors import EX_STOPPED
+from smhvd.mpi.command import MpiPlan, build_mpirun_argv, display, env_mca_keys, forwarded_names
+from smhvd.mpi.hostfile import render_hostfile
+from smhvd.mpi.output import parse_mpirun_verdict
+from smhvd.proc.signals import SignalWatch
+from smhvd.proc.supervisor import STOP_DUMP_WAIT, Dumps, Outcome, supervise
+from smhvd.rank import RANK_ARGV
+from smhvd.report import failure, summary
+from smhvd.report.stacks import StackDumper
+from smhvd.roles.peers import WorkerLink, connect_all
+from smhvd.roles.sshd import render_ssh_config, ssh_port
+
+log = logging.getLogger("smhvd")
+DUMP_LINE_LIMIT = 400  # of the failure file's 1024 characters, at most this much for a stack dump's summary
+
+
+def plan_for(
+    job: Job, program: Sequence[str], env: Mapping[str, str], run_dir: Path, code_dir: Path
+) -> MpiPlan:
+    multi = job.mpi_multi_host
+    pph = job.processes_per_host
+    iface = job.resources.network_interface_name if multi else None
+    set_env: list[tuple[str, str]] = []
+    if iface and "NCCL_SOCKET_IFNAME" not in env:
+        set_env.append(("NCCL_SOCKET_IFNAME", iface))
+    launcher = job.settings.launcher
+    return MpiPlan(
+        num_processes=job.num_processes,
+        hostfile=run_dir / "hostfile",
+        workdir=code_dir,
+        program=tuple(program),
+        interface=iface,
+        ssh_config=run_dir / "ssh_config" if multi else None,
+        yield_when_idle=pph >= job.hardware.cpus,
+        forward=forwarded_names(env, launcher.forward_env, aws_credentials=launcher.forward_aws_credentials),
+        set_env=tuple(set_env),
+        custom_options=job.settings.mpi.custom_options,
+        drop_defaults=job.settings.mpi.drop_defaults,
+        env_mca=env_mca_keys(env),
+    )
+
+
+def rank_command(program: Sequence[str]) -> list[str]:
+    """The program under the wrapper (smhvd.rank), with this interpreter, started directly (MPI disabled)."""
+    return [sys.executable, "-m", "smhvd.rank", "--", *program]
+
+
+def mpirun_rank_command(program: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The rank command for mpirun's command line, and the environment that carries the program's argv.
+
+    The argv travels as JSON in RANK_ARGV (forwarded to other hosts by name, `-x SMHVD_RANK_ARGV`), never on
+    mpirun's command line: there a user's value `:` starts a second program, and `-np`, `--app` or `-x` are
+    read as mpirun's own options. The wrapper takes it out of the program's environment."""
+    return [sys.executable, "-m", "smhvd.rank"], {**env, RANK_ARGV: json.dumps(list(program))}
+
+
+def failure_reason(outcome: Outcome) -> str:
+    """The failure file's text: the first failed rank and its stderr, else Open MPI's abort notice or
+    mpirun's own last words."""
+    first = outcome.output.failures[0] if outcome.output.failures else None
+    notice = outcome.output.abort_notice
+    if first is None and notice is not None:
+        ended = " (mpirun hung after it; ended by the launcher)" if outcome.ended_hung_abort else ""
+        return failure.compose(f"MPI aborted the job: {notice}{ended}", outcome.output.tail_text())
+    first = first or parse_mpirun_verdict(outcome.output.tail_text())
+    if first is not None:
+        return failure.compose(first.headline(), first.stderr_tail or outcome.output.tail_text())
+    return failure.compose(f"mpirun exited with code {outcome.exit_code}", outcome.output.tail_text())
+
+
+def conclude(job: Job, outcome: Outcome, dump_line: str | None = None) -> tuple[int, str]:
+    """The job's exit code and failure reason; writes the failure file (first writer wins). A stack dump's
+    summary line, when one was taken, comes first (and makes a stopped job leave a failure file too)."""
+    if outcome.stopped:
+        log.info("job stopped (mpirun exit %d)", outcome.exit_code)
+        if dump_line:
+            failure.write_failure(job.paths.failure_file, failure.compose(dump_line, "the job was stopped"))
+        return EX_STOPPED, ""
+    if outcome.exit_code == 0:
+        log.info("job succeeded")
+        return 0, ""
+    reason = failure_reason(outcome)
+    if dump_line:
+        first = dump_line.replace("\n", " ")[:DUMP_LINE_LIMIT]
+        head, _, tail = reason.partition("\n")
+        reason = first + "\n" + failure.compose(head, tail, limit=failure.FAILURE_LIMIT - len(first) - 1)
+    failure.write_failure(job.paths.failure_file, reason)
+    log.error("job failed (exit %d): %s", outcome.exit_code, reason.splitlines()[0])
+    return outcome.exit_code, reason
+
+
+def tell_all(links: Sequence[WorkerLink], event: dict[str, object]) -> None:
+    """One event to every worker's link (a link that broke is the worker's problem: it exits on its own)."""
+    for worker in links:
+        worker.send(event)
+
+
+def run_leader(
+    job: Job,
+    program: Sequence[str],
+    env: Mapping[str, str],
+    run_dir: Path,
+    code_dir: Path,
+    started_at: float | None = None,
+) -> int:
+    """Run the job from the leader; `started_at` (time.time() when `train` started) dates the summary."""
+    started_at = time.time() if started_at is None else started_at
+    command, env = mpirun_rank_command(program, env)
+    plan = plan_for(job, command, env, run_dir, code_dir)
+    hosts = list(job.mpi_hosts) if job.mpi_multi_host else ["localhost"]
+    plan.hostfile.write_text(render_hostfile(hosts, job.processes_per_host))
+    links: list[WorkerLink] = []
+    with SignalWatch() as watch:
+        if job.multi_host:
+            port = ssh_port(os.environ)
+            ssh_config = run_dir / "ssh_config"  # the links' and (several MPI hosts) orted's
+            ssh_config.write_text(render_ssh_config(port))
+            log.info(
+                "waiting for workers %s (up to %gs)",
+                ", ".join(job.peers),
+                job.settings.launcher.peer_timeout,
+            )
+            links = connect_all(
+                job.peers,
+                ssh_config,
+                port,
+                job.settings.launcher.peer_timeout,
+                watch.stop_requested,
+            )
+            tell_all(links, {"event": "start"})
+        argv = build_mpirun_argv(plan)
+        log.info("starting %d processes: %s", plan.num_processes, display(argv))
+        stacks = StackDumper(
+            job.resources.current_host, job.paths.output_data_dir, job.mpi_hosts[1:], plan.ssh_config
+        )
+        outcome = supervise(
+            argv,
+            env,
+            code_dir,
+            keep=[w.proc.pid for w in links],
+            watch=watch,
+            tick=functools.partial(tell_all, links, {"event": "alive"}) if links else None,
+            dumps=Dumps(stacks.start, stacks.wait, job.settings.launcher.hang_dump_seconds),
+            # A stop that reached only the leader (a user's stop, Ctrl-C) stops every host's ranks.
+            on_stop=functools.partial(tell_all, links, {"event": "stop"}),
+        )
+        stacks.wait(STOP_DUMP_WAIT)
+    code, reason = conclude(job, outcome, stacks.last_line)
+    told = {w.host: w.send({"event": "end", "exit_code": code, "reason": reason}) for w in links}
+    for worker in links:
+        worker.close()
+    report(job, plan, outcome, code, reason, started_at, told)
+    return code
+
+
+def report(
+    job: Job,
+    plan: MpiPlan,
+    outcome: Outcome,
+    code: int,
+    reason: str,
+    started_at: float,
+    told: Mapping[str, bool],
+) -> None:
+    """Log the job summary and write it to output/data/job-summary.json."""
+    share = None
+    if job.settings.horovod.timeline:
+        timeline = Path(job.settings.horovod.env(job.paths.output_data_dir)["HOROVOD_TIMELINE"])
+        with contextlib.suppress(OSError):
+            share = summary.horovod_op_share(summary.timeline_events(timeline.read_text()))
+    host_exits: dict[str, int | str] = {job.resources.current_host: code}
+    for host, ok in told.items():
+        host_exits[host] = code if ok else "link lost before the end: exits on its own (69)"
+    result = summary.summarize(
+        hosts=job.mpi_hosts,
+        ranks=plan.num_processes,
+        starts=outcome.output.starts,
+        started_at=started_at,
+        ended_at=time.time(),
+        exit_code=code,
+        host_exits=host_exits,
+        failure=reason or None,
+        horovod_op_share=share,
+    )
+    log.info("%s", result.render())
+    try:
+        summary.write_summary(job.paths.output_data_dir, result)
+    except OSError as exc:
+        log.warning("could not write %s: %s", summary.FILE_NAME, exc)

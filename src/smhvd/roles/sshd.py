@@ -1,0 +1,121 @@
+"""sshd for worker hosts and the ssh client config the leader uses: generated per run, key-only.
+
+Readiness is the PidFile: sshd writes it only after its listening socket is bound.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from smhvd.errors import PeerError
+from smhvd.proc.processes import die_with_parent
+from smhvd.proc.waiting import NotYet, wait_until
+
+DEFAULT_PORT = 22
+HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
+
+
+def ssh_port(env: Mapping[str, str]) -> int:
+    raw = env.get("SMHVD_SSH_PORT", str(DEFAULT_PORT))
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise PeerError(f"SMHVD_SSH_PORT: expected a TCP port number, got {raw!r}")
+    return int(raw)
+
+
+def render_sshd_config(port: int, host_keys: Sequence[Path], pid_file: Path) -> str:
+    lines = [
+        f"Port {port}",
+        *(f"HostKey {key}" for key in host_keys),
+        f"PidFile {pid_file}",
+        "AuthorizedKeysFile %h/.ssh/authorized_keys",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password",
+        "PermitEmptyPasswords no",
+        "UsePAM no",
+        "UseDNS no",
+        "StrictModes no",  # keys may live on volumes with loose modes; the cluster network is private
+        "X11Forwarding no",
+        "PrintMotd no",
+        "ClientAliveInterval 5",  # a vanished leader is noticed within ~15 s
+        "ClientAliveCountMax 3",
+        "MaxStartups 256",  # mpirun opens one session per worker at once, plus the leader's link
+        "MaxSessions 64",
+        "LogLevel ERROR",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_ssh_config(port: int, connect_timeout: int = 5) -> str:
+    """Client side, for the leader's links and for mpirun's orted launches (plm_rsh_args -F)."""
+    lines = [
+        "Host *",
+        f"  Port {port}",
+        "  BatchMode yes",
+        "  StrictHostKeyChecking no",  # host keys are per image/instance; the hosts are the job's own
+        "  UserKnownHostsFile /dev/null",
+        "  LogLevel ERROR",
+        f"  ConnectTimeout {connect_timeout}",
+        "  ServerAliveInterval 5",
+        "  ServerAliveCountMax 3",
+        "  ForwardAgent no",
+        "  ForwardX11 no",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def host_keys(run_dir: Path, etc: Path = Path("/etc/ssh")) -> list[Path]:
+    """The system's host keys, or a key generated for this run when there are none."""
+    keys = [etc / f"ssh_host_{kind}_key" for kind in HOST_KEY_TYPES]
+    found = [k for k in keys if k.is_file() and os.access(k, os.R_OK)]
+    if found:
+        return found
+    generated = run_dir / "ssh_host_ed25519_key"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(generated)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return [generated]
+
+
+def sshd_binary() -> str:
+    for candidate in (shutil.which("sshd"), "/usr/sbin/sshd"):
+        if candidate and Path(candidate).is_file():
+            return str(Path(candidate).resolve())  # sshd re-executes itself: it needs an absolute path
+    raise PeerError("sshd not found: install openssh-server (workers of a multi-host job run sshd)")
+
+
+def start_sshd(run_dir: Path, port: int, timeout: float = 10.0) -> subprocess.Popen[bytes]:
+    if os.geteuid() != 0:
+        raise PeerError("workers of a multi-host job run sshd, which needs root (as in SageMaker containers)")
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation directory
+    pid_file = run_dir / "sshd.pid"
+    config = run_dir / "sshd_config"
+    config.write_text(render_sshd_config(port, host_keys(run_dir), pid_file))
+    proc = subprocess.Popen(
+        [sshd_binary(), "-D", "-e", "-f", str(config)],
+        stdin=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,  # noqa: PLW1509  (single-threaded here; no orphan sshd)
+    )
+
+    def listening() -> bool | None:
+        if proc.poll() is not None:
+            raise PeerError(f"sshd exited with code {proc.returncode} at start (port {port} in use?)")
+        if not pid_file.is_file():
+            raise NotYet(f"no {pid_file} yet")
+        return True
+
+    try:
+        wait_until(listening, what=f"sshd to listen on port {port}", timeout=timeout, error=PeerError)
+    except PeerError:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc

@@ -1,0 +1,290 @@
+"""A worker (every host but the leader): run sshd, wait for the leader's link, exit when the job ends.
+
+The wait before the job starts is bounded (launcher_leader_timeout_seconds); once it started, the worker
+waits for the leader's `end` event and exits with the job's exit code within milliseconds, or at once with
+EX_UNAVAILABLE when the link closes without one (the leader died).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from smhvd import link
+from smhvd.config.job import Job
+from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, PeerError
+from smhvd.proc.processes import die_with_parent, kill_descendants, reap_orphans
+from smhvd.proc.signals import SignalWatch, is_stop
+from smhvd.proc.supervisor import stop_local_ranks
+from smhvd.report import failure, stacks
+from smhvd.roles import hostenv
+from smhvd.roles.sshd import ssh_port, start_sshd
+
+log = logging.getLogger("smhvd")
+OUTSIDE_STOP_GRACE = 10.0  # a script outside MPI gets SIGTERM when the job ends, then SIGKILL after this
+STOP_GRACE = 110.0  # after SIGTERM, how long to wait for the leader's verdict (SageMaker kills at 120 s)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    exit_code: int
+    reason: str
+
+
+def listen(port: int) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(link.socket_name(port))
+    except OSError:
+        server.close()
+        raise PeerError(f"another launcher already serves port {port} on this host") from None
+    server.listen(16)
+    server.setblocking(False)
+    return server
+
+
+def _same_user(conn: socket.socket) -> bool:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    return bool(uid == os.getuid())
+
+
+class LinkWaiter:
+    """Accepts the leader's link(s) and turns their lines into a Verdict."""
+
+    def __init__(
+        self,
+        server: socket.socket,
+        leader: str,
+        start_timeout: float,
+        watch: SignalWatch,
+        silence_limit: float = link.SILENCE_LIMIT,
+        on_child: Callable[[], Verdict | None] | None = None,
+        on_dump: Callable[[str], object] | None = None,
+    ) -> None:
+        self.server = server
+        self.leader = leader
+        self.start_timeout = start_timeout
+        self.watch = watch
+        self.silence_limit = silence_limit
+        self.on_child = on_child  # called on SIGCHLD; a Verdict ends the wait (a script outside MPI failed)
+        self.on_dump = on_dump  # stack dumps of this host's ranks (SIGUSR1, and before a stop)
+        self.started = False
+        self.last_heard = 0.0
+        self.stopping_since: float | None = None
+        self.buffers: dict[socket.socket, bytes] = {}
+
+    def wait(self, keep: list[int]) -> Verdict:
+        deadline = time.monotonic() + self.start_timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.server, selectors.EVENT_READ)
+            sel.register(self.watch.fileno(), selectors.EVENT_READ)
+            while True:
+                timeout = self._timeout(deadline)
+                if timeout is not None and timeout <= 0:
+                    return self._timed_out()
+                for key, _ in sel.select(timeout):
+                    verdict = self._handle(key.fileobj, sel, keep)
+                    if verdict is not None:
+                        return verdict
+
+    def _timeout(self, deadline: float) -> float | None:
+        now = time.monotonic()
+        if self.stopping_since is not None:
+            return self.stopping_since + STOP_GRACE - now
+        return self.last_heard + self.silence_limit - now if self.started else deadline - now
+
+    def _timed_out(self) -> Verdict:
+        if self.stopping_since is not None:
+            return Verdict(EX_STOPPED, "")
+        if self.started:
+            return Verdict(
+                EX_UNAVAILABLE,
+                f"lost the leader {self.leader} during the job: no word from it for {self.silence_limit:g}s "
+                f"(leader host down or unreachable); see {self.leader}'s log",
+            )
+        raise PeerError(
+            f"the leader {self.leader} did not start the job within {self.start_timeout:g}s "
+            f"(launcher_leader_timeout_seconds)"
+        )
+
+    def _handle(self, obj: object, sel: selectors.BaseSelector, keep: list[int]) -> Verdict | None:
+        if obj is self.server:
+            conn, _ = self.server.accept()
+            if _same_user(conn):
+                log.debug("link from the leader connected")
+                conn.setblocking(False)
+                self.buffers[conn] = b""
+                sel.register(conn, selectors.EVENT_READ)
+            else:
+                conn.close()
+            return None
+        if isinstance(obj, socket.socket):
+            return self._read(obj, sel)
+        for sig in self.watch.drain():
+            if sig == signal.SIGUSR1 and self.on_dump is not None:
+                self.on_dump("SIGUSR1")
+            elif is_stop(sig):
+                verdict = self._stop(f"{signal.Signals(sig).name} received")
+                if verdict is not None:
+                    return verdict
+            elif sig == signal.SIGCHLD:
+                reap_orphans(keep)
+                verdict = self.on_child() if self.on_child else None
+                if verdict is not None:
+                    return verdict
+        return None
+
+    def _stop(self, why: str) -> Verdict | None:
+        """A stop (this host's SIGTERM, or the leader's `stop` event): this host's ranks get SIGTERM once,
+        after a stack dump; the job's verdict still comes from the leader."""
+        if self.stopping_since is not None:
+            return None
+        self.stopping_since = time.monotonic()
+        if not self.started:
+            return Verdict(EX_STOPPED, "")
+        if self.on_dump is not None:
+            self.on_dump(f"stopped: {why}")
+        log.warning(
+            "%s: SIGTERM sent to %d local rank(s); waiting for the leader", why, len(stop_local_ranks())
+        )
+        return None
+
+    def _read(self, conn: socket.socket, sel: selectors.BaseSelector) -> Verdict | None:
+        data = conn.recv(65536)
+        self.last_heard = time.monotonic()
+        if not data:
+            sel.unregister(conn)
+            self.buffers.pop(conn, None)
+            conn.close()
+            if self.started:  # the leader's session closed mid-job without a verdict
+                return Verdict(
+                    EX_STOPPED if self.stopping_since is not None else EX_UNAVAILABLE,
+                    f"lost the leader {self.leader} during the job: its link closed without a result "
+                    f"(leader host down or launcher killed); see {self.leader}'s log",
+                )
+            return None  # an attempt the leader abandoned before the job started
+        lines = (self.buffers[conn] + data).split(b"\n")
+        self.buffers[conn] = lines.pop()
+        for line in lines:
+            event = link.decode(line)
+            if event is None:
+                continue
+            if event["event"] != "alive":  # heartbeats every 2 s would drown the debug log
+                log.debug("link event: %s", event)
+            if event["event"] == "start":
+                self.started = True
+                log.info("job started by %s", self.leader)
+            elif event["event"] == "stop":
+                self._stop(f"the leader {self.leader} was stopped")
+            elif event["event"] == "end":
+                code = event.get("exit_code")
+                return Verdict(
+                    code if isinstance(code, int) else EX_UNAVAILABLE, str(event.get("reason") or "")
+                )
+        return None
+
+
+def dump_here(host: str, output_data_dir: Path, reason: str) -> None:
+    """This host's ranks' stacks to output/data/stacks (the leader dumps every host's on its own triggers)."""
+    line = stacks.summary_line(stacks.dump_host(host, output_data_dir), reason)
+    log.warning("%s (files in %s)", line, output_data_dir / "stacks")
+
+
+class OutsideScript:
+    """The entry point run once on a host outside the MPI instance groups (hetero.py), as the toolkit does."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], cwd: Path, host: str) -> None:
+        self.host = host
+        self.proc = subprocess.Popen(
+            list(command),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,  # noqa: PLW1509
+        )
+        self.reported = False
+
+    def check(self) -> Verdict | None:
+        """A Verdict when the script failed (the job fails with it); a success waits for the job's end."""
+        code = self.proc.poll()
+        if code is None or self.reported:
+            return None
+        self.reported = True
+        if code == 0:
+            log.info("the script finished on %s; waiting for the MPI job to end", self.host)
+            return None
+        code = code if code > 0 else 128 - code
+        return Verdict(
+            code, f"the script on {self.host} (outside the MPI instance groups) exited with code {code}"
+        )
+
+    def stop(self, grace: float = OUTSIDE_STOP_GRACE) -> None:
+        if self.proc.poll() is None:
+            log.info("the job ended: stopping the script on %s", self.host)
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(grace)
+
+
+def run_worker(
+    job: Job,
+    run_dir: Path,
+    rank_env: Mapping[str, str],
+    outside: tuple[Sequence[str], Path] | None = None,
+) -> int:
+    """`rank_env`: what this host's ranks get (its container's variables, its SM_* values), see hostenv.py.
+    `outside`: (command, cwd) of the script a host outside the MPI instance groups runs once."""
+    port = ssh_port(os.environ)
+    leader = job.leader
+    host = job.resources.current_host
+    with SignalWatch() as watch, contextlib.ExitStack() as stack:
+        server = listen(port)
+        stack.enter_context(hostenv.serving(port, rank_env))
+        sshd = start_sshd(run_dir, port)
+        script = OutsideScript(outside[0], rank_env, outside[1], host) if outside else None
+        log.info(
+            "sshd listening on port %d; waiting for the leader %s (up to %gs)",
+            port,
+            leader,
+            job.settings.launcher.leader_timeout,
+        )
+        try:
+            keep = [sshd.pid] + ([script.proc.pid] if script else [])
+            waiter = LinkWaiter(
+                server,
+                leader,
+                job.settings.launcher.leader_timeout,
+                watch,
+                on_child=script.check if script else None,
+                on_dump=lambda why: dump_here(host, job.paths.output_data_dir, why),
+            )
+            verdict = waiter.wait(keep)
+            if script:
+                script.stop()
+        finally:
+            server.close()
+            sshd.terminate()
+            sshd.wait()
+            kill_descendants()
+    if verdict.exit_code not in (0, EX_STOPPED):
+        text = verdict.reason or f"the job failed with exit code {verdict.exit_code} (see {leader}'s log)"
+        failure.write_failure(job.paths.failure_file, text)
+        log.error("job failed (exit %d): %s", verdict.exit_code, text.splitlines()[0])
+    else:
+        log.info(
+            "job %s (exit %d)",
+            "stopped" if verdict.exit_code == EX_STOPPED else "succeeded",
+            verdict.exit_code,
+        )
+    return verdict.exit_code

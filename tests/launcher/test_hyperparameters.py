@@ -1,0 +1,169 @@
+import pytest
+
+from smhvd.config.hyperparameters import (
+    decode_hyperparameters,
+    split_hyperparameters,
+    to_env_value,
+    to_script_args,
+)
+from smhvd.config.launcher_options import HorovodSettings, parse_settings, split_mpi_options
+from smhvd.errors import ConfigError
+from smhvd_dev.mltree import sdk_encode
+
+
+def test_sdk_encoded_values_decode_to_python_values():
+    raw = sdk_encode({"epochs": 2, "lr": 0.1, "flag": True, "name": "x y", "layers": [1, 2], "cfg": {"a": 1}})
+    assert raw["name"] == '"x y"'
+    assert decode_hyperparameters(raw) == {
+        "epochs": 2,
+        "lr": 0.1,
+        "flag": True,
+        "name": "x y",
+        "layers": [1, 2],
+        "cfg": {"a": 1},
+    }
+    # Hand-written files without JSON encoding still work: the raw string is kept.
+    assert decode_hyperparameters({"name": "plain text", "n": 3}) == {"name": "plain text", "n": 3}
+
+
+def test_launcher_keys_never_reach_the_script():
+    decoded = decode_hyperparameters(
+        sdk_encode(
+            {
+                "sagemaker_program": "train.py",
+                "sagemaker_mpi_enabled": True,
+                "horovod_timeline": True,
+                "launcher_peer_timeout_seconds": 30,
+                "epochs": 3,
+            }
+        )
+    )
+    reserved, user = split_hyperparameters(decoded)
+    assert user == {"epochs": 3}
+    assert set(reserved) == {
+        "sagemaker_program",
+        "sagemaker_mpi_enabled",
+        "horovod_timeline",
+        "launcher_peer_timeout_seconds",
+    }
+
+
+def test_script_args_follow_the_toolkit_format():
+    assert to_script_args(
+        {"lr": 0.1, "b": 64, "epochs": 2, "flag": True, "cfg": {"y": 2, "x": "1"}, "text": "a b"}
+    ) == [
+        "-b",
+        "64",
+        "--cfg",
+        "x=1,y=2",
+        "--epochs",
+        "2",
+        "--flag",
+        "True",
+        "--lr",
+        "0.1",
+        "--text",
+        "a b",
+    ]
+    assert to_env_value("text") == "text"
+    assert to_env_value([1, 2]) == "[1,2]"
+    assert to_env_value(True) == "true"
+
+
+def test_settings_defaults():
+    s = parse_settings({})
+    assert s.mpi.enabled is True
+    assert s.mpi.processes_per_host is None and s.mpi.num_processes is None
+    assert s.mpi.custom_options == ()
+    assert s.launcher.peer_timeout == 600 and s.launcher.leader_timeout == 900
+    assert s.launcher.forward_aws_credentials is False
+    assert s.horovod == HorovodSettings()
+
+
+def test_custom_mpi_options_are_split_like_a_shell_not_on_spaces():
+    assert split_mpi_options('--mca btl_tcp_if_exclude "lo,docker0" -x NCCL_DEBUG=INFO -x "A=b c"') == (
+        "--mca",
+        "btl_tcp_if_exclude",
+        "lo,docker0",
+        "-x",
+        "NCCL_DEBUG=INFO",
+        "-x",
+        "A=b c",
+    )
+    with pytest.raises(
+        ConfigError, match="sagemaker_mpi_custom_mpi_options: expected options quoted as in a shell"
+    ):
+        split_mpi_options('-x "A=b')
+
+
+@pytest.mark.parametrize(
+    ("hps", "message"),
+    [
+        ({"sagemaker_mpi_enabled": "yes"}, "sagemaker_mpi_enabled: expected true or false, got 'yes'"),
+        (
+            {"sagemaker_mpi_num_of_processes_per_host": 0},
+            "sagemaker_mpi_num_of_processes_per_host: expected an integer >= 1, got 0",
+        ),
+        (
+            {"sagemaker_mpi_num_of_processes_per_host": 1.5},
+            "sagemaker_mpi_num_of_processes_per_host: expected an integer >= 1, got 1.5",
+        ),
+        (
+            {"sagemaker_mpi_num_processes": "many"},
+            "sagemaker_mpi_num_processes: expected an integer >= 1, got 'many'",
+        ),
+        (
+            {"launcher_peer_timeout_seconds": -3},
+            "launcher_peer_timeout_seconds: expected a number >= 1, got -3",
+        ),
+        (
+            {"horovod_fusion_threshold_mb": True},
+            "horovod_fusion_threshold_mb: expected a number >= 0, got True",
+        ),
+        (
+            {"horovod_log_level": "loud"},
+            "horovod_log_level: expected trace | debug | info | warning | error | fatal",
+        ),
+        ({"horovod_timline": True}, "horovod_timline: expected a known key (horovod_autotune"),
+        (
+            {"launcher_peer_timeout": 3},
+            "launcher_peer_timeout: expected a known key (launcher_drop_mpi_defaults",
+        ),
+    ],
+)
+def test_bad_settings_name_the_key(hps, message):
+    with pytest.raises(ConfigError) as err:
+        parse_settings(hps)
+    assert str(err.value).startswith("hyperparameters.json: " + message)
+
+
+def test_horovod_knobs_become_horovod_variables(tmp_path):
+    s = parse_settings(
+        decode_hyperparameters(
+            sdk_encode(
+                {
+                    "horovod_timeline": True,
+                    "horovod_autotune": "true",
+                    "horovod_fusion_threshold_mb": 32,
+                    "horovod_cycle_time_ms": 2.5,
+                    "horovod_stall_check_seconds": 0,
+                    "horovod_log_level": "DEBUG",
+                }
+            )
+        )
+    )
+    assert s.horovod.env(tmp_path) == {
+        "HOROVOD_TIMELINE": str(tmp_path / "horovod_timeline.json"),
+        "HOROVOD_AUTOTUNE": "1",
+        "HOROVOD_AUTOTUNE_LOG": str(tmp_path / "horovod_autotune_log.csv"),
+        "HOROVOD_FUSION_THRESHOLD": str(32 * 1024 * 1024),
+        "HOROVOD_CYCLE_TIME": "2.5",
+        "HOROVOD_STALL_CHECK_DISABLE": "1",
+        "HOROVOD_LOG_LEVEL": "debug",
+    }
+    assert parse_settings(
+        {"horovod_stall_check_seconds": 120, "horovod_stall_shutdown_seconds": 600}
+    ).horovod.env(tmp_path) == {
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": "120",
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600",
+    }

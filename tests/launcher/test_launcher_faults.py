@@ -1,0 +1,159 @@
+"""The launcher (`train`) on a real 2-host simulated cluster, as SageMaker runs it: success, a rank crash
+on a worker, a worker that never comes up, the leader killed mid-job, and SIGTERM to every host (how
+SageMaker stops a job). Each test bounds how long hosts take to exit; bounds leave room for a loaded
+2-core machine while staying far below what the stock toolkit takes (30 s to 150 s)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+
+from smhvd_sim import Cluster, ClusterSpec
+from smhvd_sim.jobs import HostProcess
+from smhvd_sim.system import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.integration]
+
+HOSTS = ("algo-1", "algo-2")
+RANKS_TIMEOUT = 60.0  # train start -> both ranks running, on a loaded machine
+
+
+def _hp(value: object) -> str:
+    return json.dumps(value)
+
+
+class Launch(Protocol):
+    def __call__(
+        self, mode: str, down: tuple[str, ...] = (), **hyperparameters: object
+    ) -> tuple[Cluster, dict[str, HostProcess]]: ...
+
+
+@pytest.fixture
+def launch(cluster_tools: None, tmp_path: Path, code_dir: Path) -> Iterator[Launch]:
+    """launch(mode, down=(), **hyperparameters) -> (cluster, {host: HostProcess}): `train` started on
+    every host not in `down`; the cluster is torn down (and checked) after the test."""
+    clusters: list[Cluster] = []
+
+    def start(
+        mode: str, down: tuple[str, ...] = (), **hyperparameters: object
+    ) -> tuple[Cluster, dict[str, HostProcess]]:
+        spec = ClusterSpec(
+            hosts=2,
+            workdir=tmp_path / "cluster",
+            code_dir=code_dir,
+            hyperparameters={"sagemaker_program": _hp("probe_job.py"), "mode": _hp(mode)}
+            | {key: _hp(value) for key, value in hyperparameters.items()},
+        )
+        cluster = Cluster(spec)
+        clusters.append(cluster)
+        cluster.up()
+        exited = threading.Event()
+        processes = {
+            host: cluster.start(host, ["train"], exited=exited, end_host_on_exit=True)
+            for host in HOSTS
+            if host not in down
+        }
+        return cluster, processes
+
+    yield start
+    for cluster in clusters:
+        cluster.down()
+        assert cluster.leftovers() == []
+
+
+def wait_all(processes: dict[str, HostProcess], timeout: float) -> dict[str, int]:
+    return {host: process.wait(timeout) for host, process in processes.items()}
+
+
+def wait_ranks_running(cluster: Cluster, count: int = 2) -> None:
+    def running() -> bool | None:
+        found = [p for host in HOSTS for p in (cluster.ml_dir(host) / "output" / "data").glob("rank-*.json")]
+        return True if len(found) >= count else None
+
+    wait_for(running, f"{count} ranks of the probe job to run", RANKS_TIMEOUT)
+
+
+def log_of(processes: dict[str, HostProcess], host: str) -> str:
+    processes[host].finish_output()
+    return processes[host].log.read_text()
+
+
+def test_job_succeeds_with_ranks_on_both_hosts_each_seeing_its_own_host(launch: Launch) -> None:
+    cluster, processes = launch("ok")
+    codes = wait_all(processes, 120)
+    assert codes == {"algo-1": 0, "algo-2": 0}, log_of(processes, "algo-1")
+    records = {
+        host: [
+            json.loads(p.read_text()) for p in (cluster.ml_dir(host) / "output" / "data").glob("rank-*.json")
+        ]
+        for host in HOSTS
+    }
+    assert {host: [(r["host"], r["sm_current_host"]) for r in recs] for host, recs in records.items()} == {
+        "algo-1": [("algo-1", "algo-1")],
+        "algo-2": [("algo-2", "algo-2")],
+    }
+    # the worker ends with the job: well within a second or two of the leader
+    assert processes["algo-2"].ended is not None
+    assert processes["algo-1"].ended is not None
+    assert processes["algo-2"].ended - processes["algo-1"].ended < 3.0
+    assert all(process.result().left_running == () for process in processes.values())
+
+
+def test_rank_crash_on_worker_fails_every_host_and_names_it(launch: Launch) -> None:
+    cluster, processes = launch("crash", crash_host="algo-2")
+    started = time.time()
+    codes = wait_all(processes, 120)
+    last_exit = max(process.ended or 0.0 for process in processes.values())
+    assert codes["algo-1"] != 0
+    assert codes["algo-2"] != 0
+    assert last_exit - started < 30  # the other rank would run for 300 s
+    failure = (cluster.ml_dir("algo-1") / "output" / "failure").read_text()
+    assert "rank 1 on algo-2 exited with code 3" in failure
+    assert "probe-crash-marker: rank 1 on algo-2 gives up" in failure
+    assert all(process.result().left_running == () for process in processes.values())
+
+
+def test_worker_never_up_fails_the_leader_within_its_timeout(launch: Launch) -> None:
+    cluster, processes = launch("ok", down=("algo-2",), launcher_peer_timeout_seconds=5)
+    started = time.time()
+    codes = wait_all(processes, 120)
+    assert codes["algo-1"] != 0
+    elapsed = (processes["algo-1"].ended or 0.0) - started
+    assert 5.0 <= elapsed < 30.0
+    failure = (cluster.ml_dir("algo-1") / "output" / "failure").read_text()
+    assert "algo-2" in failure
+    assert not list((cluster.ml_dir("algo-1") / "output" / "data").glob("rank-*.json"))  # no rank started
+
+
+def test_leader_killed_mid_job_ends_the_workers(launch: Launch) -> None:
+    cluster, processes = launch("sleep")
+    wait_ranks_running(cluster)
+    killed_at = time.time()
+    cluster.host("algo-1").kill_processes(signal.SIGKILL)
+    code = processes["algo-2"].wait(60)
+    assert code != 0
+    assert (processes["algo-2"].ended or 0.0) - killed_at < 20.0  # link loss or ssh keepalive (15 s)
+    failure = (cluster.ml_dir("algo-2") / "output" / "failure").read_text()
+    assert "algo-1" in failure
+    assert processes["algo-2"].result().left_running == ()
+
+
+def test_sigterm_to_every_host_reaches_the_ranks_and_everything_exits(launch: Launch) -> None:
+    cluster, processes = launch("sleep")
+    wait_ranks_running(cluster)
+    stopped_at = time.time()
+    for process in processes.values():
+        process.send_signal(signal.SIGTERM)
+    wait_all(processes, 120)
+    assert max(process.ended or 0.0 for process in processes.values()) - stopped_at < 30.0
+    for host, rank in (("algo-1", 0), ("algo-2", 1)):
+        checkpoint = cluster.ml_dir(host) / "checkpoints" / f"rank-{rank}"
+        assert checkpoint.read_text().startswith(f"rank {rank} on {host} stopped")
+        assert processes[host].result().left_running == ()

@@ -1,0 +1,313 @@
+"""SDK v3 (ModelTrainer) jobs: the sm_drivers channel read into typed values, and run by `train`.
+
+The files below are byte for byte what sagemaker 3.27.0 / sagemaker-train 1.27.0 writes (generated with the
+real package: ModelTrainer._write_source_code_json, _write_distributed_json and, in local container mode,
+_LocalContainer._write_config_files); tests/images/test_sdk_v3_local.py runs the real SDK end to end.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from smhvd.cli import main
+from smhvd.config import sdk_v3
+from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters
+from smhvd.config.job import Hardware, Job
+from smhvd.config.launcher_options import parse_settings
+from smhvd.config.paths import SageMakerPaths
+from smhvd.config.sagemaker_files import parse_resource_config
+from smhvd.config.sdk_v3 import Distributed, SourceCode, V3Job
+from smhvd.errors import ConfigError
+
+# SourceCode(source_dir="/tmp/v3gen/src", entry_script="train.py", requirements="requirements.txt")
+SOURCECODE_JSON = (
+    '{"source_dir": "/tmp/v3gen/src", "requirements": "requirements.txt", "entry_script": "train.py", '
+    '"command": null, "args": null, "ignore_patterns": [".env", ".git", "__pycache__", ".DS_Store", '
+    '".cache", ".ipynb_checkpoints"]}'
+)
+# MPI(process_count_per_node=2,
+#     mpi_additional_options=["-x", "FOO=a b", "--mca", "btl_tcp_if_include", "eth0"])
+DISTRIBUTED_MPI_JSON = (
+    '{"process_count_per_node": 2, "mpi_additional_options": ["-x", "FOO=a b", "--mca", '
+    '"btl_tcp_if_include", "eth0"]}'
+)
+DISTRIBUTED_MPI_DEFAULT_JSON = '{"process_count_per_node": null, "mpi_additional_options": null}'  # MPI()
+DISTRIBUTED_TORCHRUN_JSON = '{"process_count_per_node": null, "smp": null}'  # Torchrun()
+DISTRIBUTED_NONE_JSON = "{}"  # no distributed=
+# hyperparameters={"epochs": 1, "lr": 0.1, "name": "x y", "flag": True, "d": {"a": 1}, "n": None,
+#                  "l": [1, "a"]}
+HYPERPARAMETERS_JSON = (
+    '{"epochs": "1", "lr": "0.1", "name": "x y", "flag": "true", "d": "{\\"a\\": 1}", "n": "null", '
+    '"l": "[1, \\"a\\"]"}'
+)
+# what v3's drivers pass the script for them (common.utils.hyperparameters_to_cli_args)
+V3_CLI_ARGS = ["--epochs", "1", "--lr", "0.1", "--name", "x y", "--flag", "true", "--d", '{"a": 1}']
+V3_CLI_ARGS += ["--n", "null", "--l", '[1, "a"]']
+
+
+def test_source_code_as_v3_writes_it():
+    assert sdk_v3.parse_source_code(json.loads(SOURCECODE_JSON)) == SourceCode(
+        entry_script="train.py",
+        command=None,
+        requirements="requirements.txt",
+        source_dir="/tmp/v3gen/src",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            DISTRIBUTED_MPI_JSON,
+            Distributed("mpi", 2, ("-x", "FOO=a b", "--mca", "btl_tcp_if_include", "eth0")),
+        ),
+        (DISTRIBUTED_MPI_DEFAULT_JSON, Distributed("mpi", None, ())),
+        (DISTRIBUTED_TORCHRUN_JSON, Distributed("other")),
+        (DISTRIBUTED_NONE_JSON, Distributed("none")),
+    ],
+)
+def test_distributed_as_v3_writes_it(text, expected):
+    assert sdk_v3.parse_distributed(json.loads(text)) == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"process_count_per_node": "2", "mpi_additional_options": None}, "process_count_per_node"),
+        ({"process_count_per_node": 0, "mpi_additional_options": None}, "process_count_per_node"),
+        ({"process_count_per_node": True, "mpi_additional_options": None}, "process_count_per_node"),
+        ({"process_count_per_node": 1, "mpi_additional_options": "-x A"}, "mpi_additional_options"),
+        ({"process_count_per_node": 1, "mpi_additional_options": [1]}, "mpi_additional_options"),
+    ],
+)
+def test_bad_distributed_names_file_and_key(data, key):
+    with pytest.raises(ConfigError) as err:
+        sdk_v3.parse_distributed(data, "/x/distributed.json")
+    assert err.value.source == "/x/distributed.json" and err.value.key == key
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"entry_script": "../train.py"}, "entry_script"),
+        ({"entry_script": "/abs/train.py"}, "entry_script"),
+        ({"entry_script": 3}, "entry_script"),
+        ({"entry_script": "t.py", "requirements": "../r.txt"}, "requirements"),
+    ],
+)
+def test_bad_source_code_names_file_and_key(data, key):
+    with pytest.raises(ConfigError) as err:
+        sdk_v3.parse_source_code(data, "/x/sourcecode.json")
+    assert err.value.source == "/x/sourcecode.json" and err.value.key == key
+
+
+def test_script_args_as_v3_drivers_make_them():
+    raw = json.loads(HYPERPARAMETERS_JSON)
+    _, user = split_hyperparameters(decode_hyperparameters(raw))
+    assert sdk_v3.script_args(user) == V3_CLI_ARGS
+
+
+def write_v3_tree(
+    base: Path,
+    *,
+    sourcecode: str = SOURCECODE_JSON,
+    distributed: str = DISTRIBUTED_MPI_JSON,
+    hyperparameters: str = HYPERPARAMETERS_JSON,
+    hosts: tuple[str, ...] = ("algo-1", "algo-2"),
+) -> SageMakerPaths:
+    """An /opt/ml tree as v3's local container mode makes it for algo-1 (config files, the two channels)."""
+    paths = SageMakerPaths(base)
+    paths.config_dir.mkdir(parents=True)
+    resource = {
+        "current_host": hosts[0],
+        "hosts": list(hosts),
+        "network_interface_name": "ethwe",
+        "current_instance_type": "local_cpu",
+    }
+    paths.resource_config.write_text(json.dumps(resource))
+    paths.hyperparameters.write_text(hyperparameters)
+    paths.input_data_config.write_text(json.dumps({"code": {"TrainingInputMode": "File"}, "sm_drivers": {}}))
+    drivers = paths.channel_dir("sm_drivers")
+    drivers.mkdir(parents=True)
+    (drivers / "sm_train.sh").write_text("\n#!/bin/bash\nexit 99\n")
+    (drivers / "sourcecode.json").write_text(sourcecode)
+    (drivers / "distributed.json").write_text(distributed)
+    paths.channel_dir("code").mkdir()
+    return paths
+
+
+def make_job(paths: SageMakerPaths, hps: dict[str, object] | None = None) -> Job:
+    reserved, user = split_hyperparameters(hps or {})
+    return Job(
+        paths=paths,
+        resources=parse_resource_config(json.loads(paths.resource_config.read_text())),
+        channels=(),
+        raw_resources={},
+        raw_input_data={},
+        user_hyperparameters=user,
+        settings=parse_settings(reserved),
+        hardware=Hardware(cpus=2, gpus=0),
+    )
+
+
+def test_load_reads_the_drivers_channel(tmp_path):
+    paths = write_v3_tree(tmp_path / "ml")
+    assert sdk_v3.load(paths) == V3Job(
+        drivers_dir=paths.channel_dir("sm_drivers"),
+        code_dir=paths.channel_dir("code"),
+        source=SourceCode("train.py", None, "requirements.txt", "/tmp/v3gen/src"),
+        distributed=Distributed("mpi", 2, ("-x", "FOO=a b", "--mca", "btl_tcp_if_include", "eth0")),
+    )
+
+
+def test_no_drivers_channel_is_not_a_v3_job(tmp_path):
+    paths = write_v3_tree(tmp_path / "ml")
+    (paths.channel_dir("sm_drivers") / "sm_train.sh").unlink()
+    assert sdk_v3.load(paths) is None
+
+
+def test_a_broken_drivers_file_is_a_config_error(tmp_path):
+    paths = write_v3_tree(tmp_path / "ml", distributed="{not json")
+    with pytest.raises(ConfigError, match="distributed.json"):
+        sdk_v3.load(paths)
+
+
+def test_apply_spreads_processes_per_node_over_every_host(tmp_path):
+    paths = write_v3_tree(tmp_path / "ml")
+    v3 = sdk_v3.load(paths)
+    assert v3 is not None
+    job = sdk_v3.apply(make_job(paths, {"sagemaker_mpi_custom_mpi_options": "--bind-to core"}), v3)
+    assert job.settings.mpi.enabled
+    assert (job.processes_per_host, job.num_processes) == (2, 4)  # v3's own driver: mpirun -np 2
+    assert job.settings.mpi.custom_options == (
+        "--bind-to",
+        "core",
+        "-x",
+        "FOO=a b",
+        "--mca",
+        "btl_tcp_if_include",
+        "eth0",
+    )
+    assert job.settings.program.program == "train.py"
+    assert job.settings.program.submit_directory == str(paths.channel_dir("code"))
+
+
+def test_apply_without_distributed_runs_the_script_once_per_host(tmp_path):
+    paths = write_v3_tree(tmp_path / "ml", distributed=DISTRIBUTED_NONE_JSON)
+    v3 = sdk_v3.load(paths)
+    assert v3 is not None and v3.unsupported is None
+    job = sdk_v3.apply(make_job(paths), v3)
+    assert not job.settings.mpi.enabled
+    assert "SM_DISTRIBUTED_CONFIG" not in sdk_v3.env(v3, job)
+
+
+def test_a_source_dir_tarball_is_unpacked_by_the_launcher(tmp_path):
+    source = json.loads(SOURCECODE_JSON) | {"source_dir": "/home/me/code.tar.gz"}
+    paths = write_v3_tree(tmp_path / "ml", sourcecode=json.dumps(source))
+    v3 = sdk_v3.load(paths)
+    assert v3 is not None
+    job = sdk_v3.apply(make_job(paths), v3)
+    assert job.settings.program.submit_directory == str(paths.channel_dir("code") / "code.tar.gz")
+
+
+def test_env_for_scripts_written_for_v3(tmp_path):
+    paths = write_v3_tree(tmp_path / "ml", hosts=("algo-2", "algo-1"))
+    v3 = sdk_v3.load(paths)
+    assert v3 is not None
+    env = sdk_v3.env(v3, make_job(paths))
+    assert env["SM_MASTER_ADDR"] == "algo-1" and env["SM_HOST_COUNT"] == "2"
+    assert env["SM_ENTRY_SCRIPT"] == "train.py"
+    assert env["SM_SOURCE_DIR"] == str(paths.channel_dir("code"))
+    assert json.loads(env["SM_DISTRIBUTED_CONFIG"]) == json.loads(DISTRIBUTED_MPI_JSON)
+
+
+@pytest.mark.parametrize(
+    ("sourcecode", "distributed", "reason"),
+    [
+        ({"command": "python a.py", "entry_script": None}, DISTRIBUTED_NONE_JSON, "SourceCode.command"),
+        ({}, DISTRIBUTED_TORCHRUN_JSON, "not MPI"),
+    ],
+)
+def test_what_the_launcher_leaves_to_v3(tmp_path, sourcecode, distributed, reason):
+    text = json.dumps(json.loads(SOURCECODE_JSON) | sourcecode)
+    v3 = sdk_v3.load(write_v3_tree(tmp_path / "ml", sourcecode=text, distributed=distributed))
+    assert v3 is not None and reason in (v3.unsupported or "")
+
+
+# The script records how it was run; `train` (cli.main) runs it from a v3 tree with one host.
+RECORDER = """
+import json, os, sys
+out = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "run.json")
+keys = ("SM_ENTRY_SCRIPT", "SM_MASTER_ADDR", "SM_HOST_COUNT", "SM_CURRENT_HOST")
+record = {"argv": sys.argv[1:], "cwd": os.getcwd(), "env": {k: os.environ.get(k) for k in keys}}
+json.dump(record, open(out, "w"))
+"""
+
+
+def test_train_runs_a_v3_job_without_distributed(tmp_path):
+    source = json.dumps({"source_dir": "/somewhere/src", "entry_script": "rec.py", "requirements": None})
+    paths = write_v3_tree(
+        tmp_path / "ml", sourcecode=source, distributed=DISTRIBUTED_NONE_JSON, hosts=("algo-1",)
+    )
+    (paths.channel_dir("code") / "rec.py").write_text(RECORDER)
+    (paths.channel_dir("code") / "requirements.txt").write_text("no-such-package-smhvd==0\n")  # not asked for
+    assert main(["--base-dir", str(paths.base)]) == 0
+    run = json.loads((paths.output_data_dir / "run.json").read_text())
+    assert run["argv"] == V3_CLI_ARGS
+    assert run["cwd"] == str(paths.channel_dir("code"))
+    assert run["env"] == {
+        "SM_ENTRY_SCRIPT": "rec.py",
+        "SM_MASTER_ADDR": "algo-1",
+        "SM_HOST_COUNT": "1",
+        "SM_CURRENT_HOST": "algo-1",
+    }
+
+
+def test_train_hands_a_command_job_back_to_v3s_script(tmp_path):
+    """SourceCode.command: `train` execs v3's own bash command (/opt/ml paths), without BASH_ENV."""
+    source = json.dumps({"source_dir": "/somewhere/src", "command": "python a.py", "entry_script": None})
+    paths = write_v3_tree(tmp_path / "ml", sourcecode=source, distributed=DISTRIBUTED_NONE_JSON)
+    proc = subprocess.run(
+        [sys.executable, "-m", "smhvd", "--base-dir", str(paths.base)],
+        env={"PATH": "/usr/bin:/bin", "BASH_ENV": str(tmp_path / "must-not-be-read")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "left to v3's sm_train.sh: SourceCode.command" in proc.stderr
+    if not Path("/opt/ml/input/data/sm_drivers/sm_train.sh").exists():
+        assert "/opt/ml/input/data/sm_drivers/sm_train.sh" in proc.stderr  # bash ran v3's command
+        assert proc.returncode != 0
+
+
+BASH_ENV_FILE = Path(__file__).resolve().parents[2] / "docker" / "scripts" / "sdk-v3-bash-env.sh"
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (sdk_v3.SM_TRAIN_COMMAND, "train ran, BASH_ENV=unset"),  # v3's command: handed to `train`
+        ("echo other", "other"),  # any other shell: untouched
+        (sdk_v3.SM_TRAIN_COMMAND + " ", "chmod"),  # not exactly v3's command: runs as written (and fails)
+    ],
+)
+def test_the_images_bash_env_hands_exactly_v3s_command_to_train(tmp_path, command, expected):
+    fake = tmp_path / "bin" / "train"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "train ran, BASH_ENV=${BASH_ENV-unset}"\n')
+    fake.chmod(0o755)
+    proc = subprocess.run(
+        ["/bin/bash", "-c", command],
+        env={"PATH": f"{fake.parent}:/usr/bin:/bin", "BASH_ENV": str(BASH_ENV_FILE)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert expected in out
+    assert ("train ran" in out) == (command == sdk_v3.SM_TRAIN_COMMAND)

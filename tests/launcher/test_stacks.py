@@ -1,0 +1,59 @@
+"""Reading py-spy dumps: where each rank is, and the one-line summary of a whole job."""
+
+from smhvd.mpi.output import StderrFilter
+from smhvd.report.stacks import RankDump, parse_dumps, summary_line, where
+
+WAITING = """Process 31799: /opt/venv/bin/python train.py
+Python v3.11.2 (/usr/bin/python3.11)
+
+Thread 31799 (idle): "MainThread"
+    _allreduce (horovod/tensorflow/mpi_ops.py:130)
+    allreduce (horovod/tensorflow/__init__.py:171)
+    wait_for_peer (train.py:6)
+    <module> (train.py:10)
+Thread 31850 (idle): "Thread-1"
+    wait (threading.py:320)
+"""
+ELSEWHERE = """Process 31798: /opt/venv/bin/python train.py
+
+Thread 31798 (idle): "MainThread"
+    busy_elsewhere (train.py:8)
+    <module> (train.py:12)
+"""
+
+
+def test_where_is_the_innermost_horovod_frame_of_the_main_thread_else_its_innermost_frame():
+    assert where(WAITING) == "_allreduce (horovod/tensorflow/mpi_ops.py:130)"
+    assert where(ELSEWHERE) == "busy_elsewhere (train.py:8)"
+    assert where("Error: Failed to find python version\n") == (
+        "no Python frames (Error: Failed to find python version)"
+    )
+
+
+def test_one_line_groups_ranks_by_place():
+    dumps = [
+        RankDump(2, "algo-2", "_allreduce (horovod/tensorflow/mpi_ops.py:130)", "f2"),
+        RankDump(0, "algo-1", "_allreduce (horovod/tensorflow/mpi_ops.py:130)", "f0"),
+        RankDump(1, "algo-1", "busy_elsewhere (train.py:8)", "f1"),
+    ]
+    assert summary_line(dumps, "SIGUSR1") == (
+        "stack dump (SIGUSR1): ranks 0,2 on algo-1,algo-2 in _allreduce (horovod/tensorflow/mpi_ops.py:130); "
+        "rank 1 on algo-1 in busy_elsewhere (train.py:8)"
+    )
+    assert summary_line([], "SIGUSR1") == "stack dump (SIGUSR1): no rank was running"
+
+
+def test_dumps_travel_as_json_lines_and_noise_is_skipped():
+    dump = RankDump(1, "algo-2", "busy_elsewhere (train.py:8)", "/opt/ml/output/data/stacks/algo-2-rank1.txt")
+    assert parse_dumps(["Warning: Permanently added 'algo-2'", dump.to_json(), "{}"]) == [dump]
+
+
+def test_horovods_stall_warning_is_noticed():
+    output = StderrFilter()
+    output.feed(
+        b"[2026-11-23 10:00:00.000000: W horovod/common/stall_inspector.cc:107] One or more tensors were "
+        b"submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for "
+        b"remainder of "
+        b"ranks for more than 60 seconds.\n"
+    )
+    assert output.stall_notice is not None and "waiting for remainder of ranks" in output.stall_notice

@@ -1,0 +1,230 @@
+"""`train` end to end on one host: real mpirun, real ranks, real Horovod."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from smhvd.proc.processes import read_process_table
+
+pytestmark = pytest.mark.integration
+
+RECORDER = """
+    import json, os, sys
+    from pathlib import Path
+    rank = os.environ["OMPI_COMM_WORLD_RANK"]
+    out = Path(os.environ["SM_OUTPUT_DATA_DIR"])
+    keys = ["SM_CURRENT_HOST", "SM_HOSTS", "SM_MODEL_DIR", "SM_CHANNEL_TRAIN", "SM_HP_EPOCHS", "SM_NUM_CPUS"]
+    record = {k: os.environ.get(k) for k in keys}
+    record.update(argv=sys.argv[1:], cwd=os.getcwd(), size=os.environ["OMPI_COMM_WORLD_SIZE"],
+                  secret=os.environ.get("AWS_SECRET_ACCESS_KEY"))
+    (out / f"rank-{rank}.json").write_text(json.dumps(record))
+"""
+
+
+def test_two_ranks_each_record_their_environment(train_job):
+    job = train_job(
+        RECORDER,
+        {"sagemaker_mpi_num_of_processes_per_host": 2, "epochs": 3, "name": "a b"},
+        channels={"train": None},
+    )
+    result = job.run(env={"AWS_SECRET_ACCESS_KEY": "do-not-leak"})
+    assert result.returncode == 0, result.stderr
+    out = job.paths.output_data_dir
+    assert sorted(p.name for p in out.iterdir()) == ["job-summary.json", "rank-0.json", "rank-1.json"]
+    for rank in (0, 1):
+        record = json.loads((out / f"rank-{rank}.json").read_text())
+        assert record == {
+            "SM_CURRENT_HOST": "algo-1",
+            "SM_HOSTS": '["algo-1"]',
+            "SM_MODEL_DIR": str(job.paths.model_dir),
+            "SM_CHANNEL_TRAIN": str(job.paths.channel_dir("train")),
+            "SM_HP_EPOCHS": "3",
+            "SM_NUM_CPUS": str(len(os.sched_getaffinity(0))),
+            "argv": ["--epochs", "3", "--name", "a b"],
+            "cwd": str(job.code),
+            "size": "2",
+            "secret": None,
+        }
+    assert job.failure() is None
+    assert "mpirun --allow-run-as-root -np 2" in result.stderr
+
+
+def test_a_crashing_rank_gives_its_exit_code_and_stderr_in_the_failure_file(train_job):
+    job = train_job(
+        """
+        import os, sys
+        if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+            print("loading shard 7", file=sys.stderr)
+            raise ValueError("shard 7 has 3 columns, expected 4")
+        import time; time.sleep(60)
+        """,
+        {"sagemaker_mpi_num_of_processes_per_host": 2},
+    )
+    started = time.monotonic()
+    result = job.run()
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1
+    failure = job.failure()
+    assert failure is not None and len(failure) <= 1024
+    first, *rest = failure.splitlines()
+    assert first == "rank 1 on algo-1 exited with code 1"
+    assert rest[-1] == "ValueError: shard 7 has 3 columns, expected 4"
+    assert "loading shard 7" in failure and "Traceback" in failure
+    assert elapsed < 30  # rank 0 sleeps 60 s: it was aborted, not waited for
+    assert "@@smhvd-rank-failure@@" not in result.stderr  # the marker is consumed, the stderr itself shown
+    assert "ValueError: shard 7" in result.stderr
+
+
+def test_a_rank_killed_by_a_signal_is_named(train_job):
+    job = train_job(
+        """
+        import os, signal, time
+        if os.environ["OMPI_COMM_WORLD_RANK"] == "0":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+        """,
+        {"sagemaker_mpi_num_of_processes_per_host": 2},
+    )
+    result = job.run()
+    assert result.returncode == 128 + 9
+    assert job.failure().splitlines()[0] == "rank 0 on algo-1 was killed by signal 9 (SIGKILL)"
+
+
+def test_horovod_allreduce_through_train(train_job):
+    job = train_job(
+        """
+        import os
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        import tensorflow as tf
+        import horovod.tensorflow as hvd
+        hvd.init()
+        total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum)
+        if hvd.rank() == 0:
+            with open(os.path.join(os.environ["SM_MODEL_DIR"], "sum.txt"), "w") as f:
+                f.write(f"{hvd.size()} {float(total[0])}")
+        """,
+        {"sagemaker_mpi_num_of_processes_per_host": 2, "horovod_timeline": True},
+    )
+    result = job.run()
+    assert result.returncode == 0, result.stderr
+    assert (job.paths.model_dir / "sum.txt").read_text() == "2 3.0"
+    assert (job.paths.output_data_dir / "horovod_timeline.json").stat().st_size > 0
+
+
+def test_mpi_disabled_runs_the_script_once_without_mpirun(train_job):
+    job = train_job(
+        """
+        import os
+        from pathlib import Path
+        Path(os.environ["SM_MODEL_DIR"], "ran").write_text(str("OMPI_COMM_WORLD_RANK" in os.environ))
+        """,
+        {"sagemaker_mpi_enabled": False},
+    )
+    result = job.run()
+    assert result.returncode == 0, result.stderr
+    assert (job.paths.model_dir / "ran").read_text() == "False"
+    assert "mpirun" not in result.stderr
+
+
+def test_custom_mpi_options_reach_mpirun_and_replace_defaults(train_job):
+    job = train_job(
+        "import os; open(os.path.join(os.environ['SM_MODEL_DIR'], 'v'), 'w').write(os.environ['MY_FLAG'])",
+        {
+            "sagemaker_mpi_num_of_processes_per_host": 2,
+            "sagemaker_mpi_custom_mpi_options": "--mca odls_base_sigkill_timeout 2 -x 'MY_FLAG=a b'",
+        },
+    )
+    result = job.run()
+    assert result.returncode == 0, result.stderr
+    assert (job.paths.model_dir / "v").read_text() == "a b"
+    assert (
+        "odls_base_sigkill_timeout 2" in result.stderr and "odls_base_sigkill_timeout 0" not in result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("mutate", "code", "message"),
+    [
+        (lambda p: p.resource_config.write_text("{not json"), 78, "resourceconfig.json: expected valid JSON"),
+        (lambda p: p.resource_config.write_text('{"hosts": ["algo-1"]}'), 78, "current_host: expected"),
+        (
+            lambda p: p.hyperparameters.write_text(
+                '{"sagemaker_program": "\\"train.py\\"", '
+                '"sagemaker_mpi_num_of_processes_per_host": "\\"two\\""}'
+            ),
+            78,
+            "sagemaker_mpi_num_of_processes_per_host: expected an integer >= 1, got 'two'",
+        ),
+        (
+            lambda p: p.hyperparameters.write_text('{"sagemaker_program": "\\"missing.py\\""}'),
+            78,
+            "sagemaker_program: expected a file in",
+        ),
+    ],
+)
+def test_bad_configuration_fails_before_anything_starts(train_job, mutate, code, message):
+    job = train_job(
+        "open('/dev/null'); raise SystemExit('the script must not run')",
+        {"sagemaker_mpi_num_of_processes_per_host": 2},
+    )
+    hps = json.loads(job.paths.hyperparameters.read_text())
+    mutate(job.paths)
+    if "sagemaker_submit_directory" not in job.paths.hyperparameters.read_text():
+        raw = json.loads(job.paths.hyperparameters.read_text())
+        raw["sagemaker_submit_directory"] = hps["sagemaker_submit_directory"]
+        job.paths.hyperparameters.write_text(json.dumps(raw))
+    result = job.run()
+    assert result.returncode == code
+    failure = job.failure()
+    assert message in failure and "\n" not in failure
+    assert str(job.paths.base) in failure or "hyperparameters.json" in failure
+    assert "mpirun" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and message in errors[0]
+
+
+def test_sigterm_reaches_every_rank_which_can_checkpoint(train_job):
+    job = train_job(
+        """
+        import os, signal, sys, time
+        from pathlib import Path
+        rank = os.environ["OMPI_COMM_WORLD_RANK"]
+        ckpt = Path(os.environ["SAGEMAKER_BASE_DIR"], "checkpoints")
+        def save(signum, frame):
+            (ckpt / f"rank-{rank}.ckpt").write_text("saved")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, save)
+        (ckpt / f"ready-{rank}").write_text("")
+        time.sleep(120)
+        """,
+        {"sagemaker_mpi_num_of_processes_per_host": 2},
+    )
+    proc = subprocess.Popen(
+        [str(job.run.__globals__["TRAIN"])],
+        env={**os.environ, "SAGEMAKER_BASE_DIR": str(job.paths.base)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ckpt = job.paths.checkpoint_dir
+    deadline = time.monotonic() + 60
+    while not all((ckpt / f"ready-{r}").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline and proc.poll() is None, (
+            proc.stderr.read() if proc.poll() else "ranks"
+        )
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert sorted(p.name for p in ckpt.glob("*.ckpt")) == ["rank-0.ckpt", "rank-1.ckpt"]
+    # Where every rank was when the stop came (taken before the ranks were stopped), nothing else.
+    stops = job.failure()
+    assert stops is not None and stops.splitlines() == [
+        "stack dump (stopped by SIGTERM): ranks 0,1 on algo-1 in <module> (train.py:11)",
+        "the job was stopped",
+    ], stops
+    assert proc.pid not in read_process_table()

@@ -1,0 +1,1 @@
+"""Fixtures, helpers and job scripts shared by the test folders."""

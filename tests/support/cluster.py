@@ -1,0 +1,116 @@
+"""The simulated-cluster tier's fixtures and helpers: prerequisites (installed under CI=true, else the tier is
+skipped), a cluster factory that always tears down and checks nothing is left, a test sshd and ssh options."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from smhvd_sim import Cluster, ClusterSpec
+from smhvd_sim.jobs import HostProcess
+from smhvd_sim.system import wait_for
+
+MakeCluster = Callable[..., Cluster]
+SSH_OPTIONS = [
+    "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+    "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+]  # fmt: skip
+
+
+def sshd_argv(port: int = 22) -> list[str]:
+    """A test sshd needing no config file (hosts have private /tmp): every setting on the command line."""
+    return [
+        "/usr/sbin/sshd", "-D", "-e", "-f", "/dev/null",
+        "-o", f"Port={port}",
+        "-o", "HostKey=/etc/ssh/ssh_host_ed25519_key",
+        "-o", "UsePAM=no",
+        "-o", "UseDNS=no",
+        "-o", "PermitRootLogin=prohibit-password",
+        "-o", "AuthorizedKeysFile=.ssh/authorized_keys",
+        "-o", "PidFile=/run/test-sshd.pid",
+    ]  # fmt: skip
+
+
+def start_sshd(cluster: Cluster, host: str) -> HostProcess:
+    """Start sshd in ``host`` and wait until it listens (it writes its PidFile after binding)."""
+    process = cluster.start(host, sshd_argv(), log=cluster.host_dir(host) / "sshd.log")
+    wait_for(
+        lambda: True if cluster.exec(host, ["test", "-s", "/run/test-sshd.pid"])[0] == 0 else None,
+        f"sshd on {host} to listen",
+        15.0,
+    )
+    return process
+
+
+SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+# tool -> Debian package that provides it
+TOOLS = {
+    "unshare": "util-linux",
+    "nsenter": "util-linux",
+    "mount": "mount",
+    "ip": "iproute2",
+    "ssh-keygen": "openssh-client",
+    "ssh": "openssh-client",
+    "sshd": "openssh-server",
+    "mpirun": "openmpi-bin",
+}
+
+
+def ensure_tools(tools: dict[str, str]) -> None:
+    """Skip when root or a tool is missing; under CI=true install the tools instead (and fail if not root)."""
+    in_ci = os.environ.get("CI") == "true"
+    if os.geteuid() != 0:
+        if in_ci:
+            pytest.fail("the cluster tier needs root (network namespaces)")
+        pytest.skip("the cluster tier needs root (network namespaces)")
+    missing = sorted(
+        {package for tool, package in tools.items() if shutil.which(tool, path=SBIN_PATH) is None}
+    )
+    if not missing:
+        return
+    if not in_ci:
+        pytest.skip(f"missing packages: {' '.join(missing)} (CI=true installs them)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], check=True, env=env
+    )
+
+
+@pytest.fixture(scope="session")
+def cluster_tools() -> None:
+    ensure_tools(TOOLS)
+    if not Path("/etc/ssh/ssh_host_ed25519_key").exists():
+        subprocess.run(["ssh-keygen", "-A"], check=True)
+
+
+@pytest.fixture
+def code_dir(tmp_path: Path) -> Path:
+    """A job's code directory holding the probe training script (probe_job.py)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    shutil.copy(Path(__file__).with_name("probe_job.py"), code / "probe_job.py")
+    return code
+
+
+@pytest.fixture
+def make_cluster(cluster_tools: None, tmp_path: Path) -> Iterator[MakeCluster]:
+    """make_cluster(hosts=2, **spec_fields) -> a cluster that is up; torn down and checked afterwards."""
+    clusters: list[Cluster] = []
+
+    def make(hosts: int = 2, **fields: object) -> Cluster:
+        spec = ClusterSpec(hosts=hosts, workdir=tmp_path / f"cluster{len(clusters)}", **fields)  # type: ignore[arg-type]
+        cluster = Cluster(spec)
+        clusters.append(cluster)
+        cluster.up()
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.down()
+        assert cluster.leftovers() == []
