@@ -72,7 +72,7 @@ def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) ->
     paths = job.paths
     hps = job.user_hyperparameters
     channels = {c.name: str(paths.channel_dir(c.name)) for c in job.channels}
-    log_level = job.settings.program.log_level or 20
+    log_level = job.options.program.log_level or 20
     summary: dict[str, object] = {
         "channel_input_dirs": channels,
         "current_host": job.resources.current_host,
@@ -81,7 +81,7 @@ def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) ->
         "input_config_dir": str(paths.config_dir),
         "input_data_config": dict(job.raw_input_data),
         "input_dir": str(paths.input_dir),
-        "job_name": job.settings.program.job_name,
+        "job_name": job.options.program.job_name,
         "log_level": log_level,
         "model_dir": str(paths.model_dir),
         "module_dir": module_dir,
@@ -115,8 +115,8 @@ def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) ->
         "SM_CODE_DIR": str(code_dir),
         "SM_FRAMEWORK_MODULE": "",
     }
-    if job.settings.program.job_name:
-        env["SM_JOB_NAME"] = job.settings.program.job_name
+    if job.options.program.job_name:
+        env["SM_JOB_NAME"] = job.options.program.job_name
     for name, directory in channels.items():
         env[f"SM_CHANNEL_{_env_name(name)}"] = directory
     for key, value in hps.items():

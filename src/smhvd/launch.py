@@ -39,13 +39,13 @@ def rank_env(job: Job, base: Mapping[str, str], sm_env: Mapping[str, str]) -> di
     env = {
         k: v
         for k, v in base.items()
-        if job.settings.launcher.forward_aws_credentials or k not in AWS_CREDENTIAL_NAMES
+        if job.options.launcher.forward_aws_credentials or k not in AWS_CREDENTIAL_NAMES
     }
     env.update(sm_env)
-    env.update(job.settings.horovod.env(job.paths.output_data_dir))
+    env.update(job.options.horovod.env(job.paths.output_data_dir))
     env.setdefault("PYTHONUNBUFFERED", "1")
     pph = job.processes_per_host
-    if job.settings.mpi.enabled and pph > 1:
+    if job.options.mpi.enabled and pph > 1:
         # Several ranks share this host's cores: one slice each instead of every rank spawning a thread per
         # core (on 2 cores, 2 ranks x 1 thread is ~1.5x faster than the TF defaults).
         threads = str(max(1, job.hardware.cpus // pph))
@@ -89,9 +89,9 @@ def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
     if v3 is not None:
         job = sdk_v3.apply(job, v3)
         log.info("%s", sdk_v3.describe(v3, job))
-    if log_level_from_job and job.settings.program.log_level is not None:
+    if log_level_from_job and job.options.program.log_level is not None:
         # The SDK's container_log_level (logging.DEBUG=10, ...), unless SMHVD_LOG_LEVEL says otherwise.
-        log.setLevel(job.settings.program.log_level)
+        log.setLevel(job.options.program.log_level)
     log.debug(
         "job: host %s of %s, %d process(es) per host, %d cpu(s), %d gpu(s)",
         job.resources.current_host,
@@ -101,19 +101,19 @@ def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
         job.hardware.gpus,
     )
     become_subreaper()
-    source = resolve_source(job.settings.program, paths, os.environ)
-    fetch_source(source, job.settings.program.region)
+    source = resolve_source(job.options.program, paths, os.environ)
+    fetch_source(source, job.options.program.region)
     entry = program_path(source)
     requirements = "requirements.txt" if v3 is None else v3.source.requirements
     if requirements and install_requirements(source.code_dir, name=requirements):
         log.info("installed %s", source.code_dir / requirements)
     args = to_script_args if v3 is None else sdk_v3.script_args
     program = program_command(entry) + args(job.user_hyperparameters)
-    module_dir = job.settings.program.submit_directory or str(source.code_dir)
+    module_dir = job.options.program.submit_directory or str(source.code_dir)
     env = rank_env(job, os.environ, training_env(job, source.code_dir, source.program, module_dir))
     if v3 is not None:
         env.update(sdk_v3.env(v3, job))
-    if job.settings.mpi.enabled:
+    if job.options.mpi.enabled:
         env.update(efa_settings(job, env))
     prepare_dirs(paths)
     host = job.resources.current_host
@@ -128,7 +128,7 @@ def _run_role(
 ) -> int:
     with tempfile.TemporaryDirectory(prefix="smhvd-") as tmp:
         run_dir = Path(tmp)
-        if not job.settings.mpi.enabled:
+        if not job.options.mpi.enabled:
             log.info("MPI disabled: running %s once on %s", source.program, host)
             with SignalWatch() as watch:
                 outcome = supervise(rank_command(program), env, source.code_dir, watch=watch)

@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import urlparse
 
-from smhvd.config.launcher_options import ProgramSettings
+from smhvd.config.launcher_options import ProgramOptions
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import shown_key
 from smhvd.errors import ConfigError, RequirementsError, SourceError
@@ -39,7 +39,7 @@ class Source:
     code_dir: Path  # where the program runs from
 
 
-def resolve_source(program: ProgramSettings, paths: SageMakerPaths, env: Mapping[str, str]) -> Source:
+def resolve_source(program: ProgramOptions, paths: SageMakerPaths, env: Mapping[str, str]) -> Source:
     name = program.program or env.get("SAGEMAKER_PROGRAM")
     if not name:
         raise ConfigError(

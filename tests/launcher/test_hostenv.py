@@ -10,7 +10,7 @@ import pytest
 
 from smhvd.config.hardware import parse_route_device
 from smhvd.config.job import Hardware, Job, with_usable_interface
-from smhvd.config.launcher_options import parse_settings
+from smhvd.config.launcher_options import parse_launcher_options
 from smhvd.config.sagemaker_files import parse_resource_config, read_json
 from smhvd.roles import hostenv
 from smhvd_dev.mltree import write_ml_tree
@@ -95,7 +95,7 @@ def _job(tmp_path, interface):
         raw_resources={},
         raw_input_data={},
         user_hyperparameters={},
-        settings=parse_settings({}),
+        options=parse_launcher_options({}),
         hardware=Hardware(cpus=2, gpus=0),
     )
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from smhvd.config.hyperparameters import MAX_TOTAL_BYTES, decode_hyperparameters, to_script_args
-from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, parse_settings
+from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, parse_launcher_options
 from smhvd.config.sagemaker_files import parse_input_data_config, parse_resource_config, read_json
 from smhvd.errors import ConfigError
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv, default_names, default_options
@@ -81,7 +81,7 @@ def test_started_directly_the_wrapper_takes_its_arguments():
 )
 def test_absurd_launcher_values_are_config_errors(reserved, message):
     with pytest.raises(ConfigError, match="^hyperparameters.json: ") as info:
-        parse_settings(reserved)
+        parse_launcher_options(reserved)
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
@@ -89,9 +89,12 @@ def test_every_default_name_can_be_dropped_and_nothing_else():
     every = MpiPlan(1, Path(), Path(), (), interface="eth0", ssh_config=Path(), yield_when_idle=True)
     names = {name for name, _ in default_options(every)} | {"NCCL_SOCKET_IFNAME"}
     assert default_names() == names
-    settings = parse_settings({"launcher_drop_mpi_defaults": ",".join(sorted(names))})
+    settings = parse_launcher_options({"launcher_drop_mpi_defaults": ",".join(sorted(names))})
     assert settings.mpi.drop_defaults == names
-    assert parse_settings({"sagemaker_mpi_num_of_processes_per_host": "1024"}).mpi.processes_per_host == 1024
+    assert (
+        parse_launcher_options({"sagemaker_mpi_num_of_processes_per_host": "1024"}).mpi.processes_per_host
+        == 1024
+    )
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from smhvd.config.hyperparameters import (
     to_env_value,
     to_script_args,
 )
-from smhvd.config.launcher_options import HorovodSettings, parse_settings, split_mpi_options
+from smhvd.config.launcher_options import HorovodOptions, parse_launcher_options, split_mpi_options
 from smhvd.errors import ConfigError
 from smhvd_dev.mltree import sdk_encode
 
@@ -71,13 +71,13 @@ def test_script_args_follow_the_toolkit_format():
 
 
 def test_settings_defaults():
-    s = parse_settings({})
+    s = parse_launcher_options({})
     assert s.mpi.enabled is True
     assert s.mpi.processes_per_host is None and s.mpi.num_processes is None
     assert s.mpi.custom_options == ()
     assert s.launcher.peer_timeout == 600 and s.launcher.leader_timeout == 900
     assert s.launcher.forward_aws_credentials is False
-    assert s.horovod == HorovodSettings()
+    assert s.horovod == HorovodOptions()
 
 
 def test_custom_mpi_options_are_split_like_a_shell_not_on_spaces():
@@ -133,12 +133,12 @@ def test_custom_mpi_options_are_split_like_a_shell_not_on_spaces():
 )
 def test_bad_settings_name_the_key(hps, message):
     with pytest.raises(ConfigError) as err:
-        parse_settings(hps)
+        parse_launcher_options(hps)
     assert str(err.value).startswith("hyperparameters.json: " + message)
 
 
 def test_horovod_knobs_become_horovod_variables(tmp_path):
-    s = parse_settings(
+    s = parse_launcher_options(
         decode_hyperparameters(
             sdk_encode(
                 {
@@ -161,7 +161,7 @@ def test_horovod_knobs_become_horovod_variables(tmp_path):
         "HOROVOD_STALL_CHECK_DISABLE": "1",
         "HOROVOD_LOG_LEVEL": "debug",
     }
-    assert parse_settings(
+    assert parse_launcher_options(
         {"horovod_stall_check_seconds": 120, "horovod_stall_shutdown_seconds": 600}
     ).horovod.env(tmp_path) == {
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "120",

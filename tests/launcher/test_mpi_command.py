@@ -51,7 +51,6 @@ def test_multi_host_argv_uses_the_interface_and_ssh_config():
         ssh_config=Path("/run/ssh_config"),
         yield_when_idle=True,
         forward=("PATH",),
-        set_env=(("NCCL_SOCKET_IFNAME", "eth0"),),
     )
     assert build_mpirun_argv(plan) == [
         "mpirun",
@@ -81,6 +80,8 @@ def test_multi_host_argv_uses_the_interface_and_ssh_config():
         "--mca",
         "oob_tcp_if_include",
         "eth0",
+        "-x",
+        "NCCL_SOCKET_IFNAME=eth0",
         "--mca",
         "plm_rsh_args",
         "-F /run/ssh_config",
@@ -89,8 +90,6 @@ def test_multi_host_argv_uses_the_interface_and_ssh_config():
         "1",
         "-x",
         "PATH",
-        "-x",
-        "NCCL_SOCKET_IFNAME=eth0",
         "p",
     ]
 
@@ -106,9 +105,7 @@ def test_user_options_replace_the_defaults_they_set_and_come_last():
         "NCCL_SOCKET_IFNAME=ens5",
         "--report-bindings",
     )
-    argv = build_mpirun_argv(
-        one_host(custom_options=custom, interface="eth0", set_env=(("NCCL_SOCKET_IFNAME", "eth0"),))
-    )
+    argv = build_mpirun_argv(one_host(custom_options=custom, interface="eth0"))
     assert argv.count("odls_base_sigkill_timeout") == 1
     assert "none" not in argv
     assert "NCCL_SOCKET_IFNAME=eth0" not in argv

@@ -16,7 +16,7 @@ from smhvd.cli import main
 from smhvd.config import sdk_v3
 from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters
 from smhvd.config.job import Hardware, Job
-from smhvd.config.launcher_options import parse_settings
+from smhvd.config.launcher_options import parse_launcher_options
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import parse_resource_config
 from smhvd.config.sdk_v3 import Distributed, SourceCode, V3Job
@@ -148,7 +148,7 @@ def make_job(paths: SageMakerPaths, hps: dict[str, object] | None = None) -> Job
         raw_resources={},
         raw_input_data={},
         user_hyperparameters=user,
-        settings=parse_settings(reserved),
+        options=parse_launcher_options(reserved),
         hardware=Hardware(cpus=2, gpus=0),
     )
 
@@ -180,9 +180,9 @@ def test_apply_spreads_processes_per_node_over_every_host(tmp_path):
     v3 = sdk_v3.load(paths)
     assert v3 is not None
     job = sdk_v3.apply(make_job(paths, {"sagemaker_mpi_custom_mpi_options": "--bind-to core"}), v3)
-    assert job.settings.mpi.enabled
+    assert job.options.mpi.enabled
     assert (job.processes_per_host, job.num_processes) == (2, 4)  # v3's own driver: mpirun -np 2
-    assert job.settings.mpi.custom_options == (
+    assert job.options.mpi.custom_options == (
         "--bind-to",
         "core",
         "-x",
@@ -191,8 +191,8 @@ def test_apply_spreads_processes_per_node_over_every_host(tmp_path):
         "btl_tcp_if_include",
         "eth0",
     )
-    assert job.settings.program.program == "train.py"
-    assert job.settings.program.submit_directory == str(paths.channel_dir("code"))
+    assert job.options.program.program == "train.py"
+    assert job.options.program.submit_directory == str(paths.channel_dir("code"))
 
 
 def test_apply_without_distributed_runs_the_script_once_per_host(tmp_path):
@@ -200,7 +200,7 @@ def test_apply_without_distributed_runs_the_script_once_per_host(tmp_path):
     v3 = sdk_v3.load(paths)
     assert v3 is not None and v3.unsupported is None
     job = sdk_v3.apply(make_job(paths), v3)
-    assert not job.settings.mpi.enabled
+    assert not job.options.mpi.enabled
     assert "SM_DISTRIBUTED_CONFIG" not in sdk_v3.env(v3, job)
 
 
@@ -210,7 +210,7 @@ def test_a_source_dir_tarball_is_unpacked_by_the_launcher(tmp_path):
     v3 = sdk_v3.load(paths)
     assert v3 is not None
     job = sdk_v3.apply(make_job(paths), v3)
-    assert job.settings.program.submit_directory == str(paths.channel_dir("code") / "code.tar.gz")
+    assert job.options.program.submit_directory == str(paths.channel_dir("code") / "code.tar.gz")
 
 
 def test_env_for_scripts_written_for_v3(tmp_path):

@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from smhvd.config.launcher_options import ProgramSettings
+from smhvd.config.launcher_options import ProgramOptions
 from smhvd.config.paths import SageMakerPaths
 from smhvd.errors import ConfigError, SourceError
 from smhvd.sourcecode import extract_archive, fetch_source, program_command, program_path, resolve_source
 
 
 def settings(program="train.py", submit=None):
-    return ProgramSettings(
+    return ProgramOptions(
         program=program, submit_directory=submit, region=None, job_name=None, log_level=None
     )
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from smhvd.config.hardware import interface_names, num_cpus, num_gpus, route_interface
 from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters
 from smhvd.config.instance_groups import Placement, placement
-from smhvd.config.launcher_options import Settings, parse_settings
+from smhvd.config.launcher_options import LauncherOptions, parse_launcher_options
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import (
     Channel,
@@ -41,7 +41,7 @@ class Job:
     raw_resources: Mapping[str, object]
     raw_input_data: Mapping[str, object]
     user_hyperparameters: Mapping[str, object]
-    settings: Settings
+    options: LauncherOptions
     hardware: Hardware
     placement: Placement | None = None  # heterogeneous clusters: where MPI runs (None: on every host)
 
@@ -77,12 +77,12 @@ class Job:
 
     @property
     def processes_per_host(self) -> int:
-        pph = self.settings.mpi.processes_per_host
+        pph = self.options.mpi.processes_per_host
         return pph if pph is not None else max(self.hardware.gpus, 1)
 
     @property
     def num_processes(self) -> int:
-        total = self.settings.mpi.num_processes
+        total = self.options.mpi.num_processes
         return total if total is not None else self.processes_per_host * len(self.mpi_hosts)
 
 
@@ -95,7 +95,7 @@ def load_job(paths: SageMakerPaths, hardware: Hardware | None = None) -> Job:
         read_json(paths.hyperparameters, required=False), str(paths.hyperparameters)
     )
     reserved, user = split_hyperparameters(decode_hyperparameters(raw_hps))
-    settings = parse_settings(reserved)
+    options = parse_launcher_options(reserved)
     job = Job(
         paths=paths,
         resources=resources,
@@ -103,11 +103,11 @@ def load_job(paths: SageMakerPaths, hardware: Hardware | None = None) -> Job:
         raw_resources=raw_resources if isinstance(raw_resources, dict) else {},
         raw_input_data=raw_input if isinstance(raw_input, dict) else {},
         user_hyperparameters=user,
-        settings=settings,
+        options=options,
         hardware=hardware or Hardware(cpus=num_cpus(), gpus=num_gpus()),
         placement=placement(resources, raw_resources if isinstance(raw_resources, dict) else {}, reserved),
     )
-    if job.multi_host and job.settings.mpi.enabled:
+    if job.multi_host and job.options.mpi.enabled:
         job = with_usable_interface(job, interface_names(), route_interface)
     validate_job(job, interface_names() if job.multi_host else set())
     return job
@@ -150,7 +150,7 @@ def with_usable_interface(
 
 def validate_job(job: Job, interfaces: set[str]) -> None:
     """Cross-file checks: only what can be known before anything starts."""
-    mpi = job.settings.mpi
+    mpi = job.options.mpi
     if mpi.enabled and job.num_processes > job.processes_per_host * len(job.mpi_hosts):
         raise ConfigError(
             "hyperparameters.json",

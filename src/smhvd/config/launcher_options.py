@@ -1,4 +1,4 @@
-"""Typed launcher settings from the reserved hyperparameters (sagemaker_, horovod_, launcher_ keys).
+"""The launcher's options, typed, from the reserved hyperparameters (sagemaker_, horovod_, launcher_ keys).
 
 Unknown `horovod_*` and `launcher_*` keys are errors (a typo must not pass silently); unknown `sagemaker_*`
 keys are ignored because the SDK sets many that concern other containers.
@@ -23,13 +23,15 @@ SOURCE = "hyperparameters.json"
 MAX_PROCESSES_PER_HOST = 1024
 # Timeouts: SageMaker's longest allowed max_run is 28 days; select() refuses much larger timeouts.
 MAX_SECONDS = 28 * 24 * 3600
+PEER_TIMEOUT = 600.0  # leader: how long to wait for every worker's sshd (launcher_peer_timeout_seconds)
+LEADER_TIMEOUT = 900.0  # worker: how long to wait for the leader to start (launcher_leader_timeout_seconds)
 # Horovod reads these as C ints / int64 byte counts: bounds far above any useful value, below any overflow.
 MAX_FUSION_THRESHOLD_MB = 1024 * 1024  # 1 TiB
 MAX_CYCLE_TIME_MS = 3_600_000.0
 
 
 @dataclass(frozen=True)
-class MpiSettings:
+class MpiOptions:
     enabled: bool
     processes_per_host: int | None  # None: one per GPU, else 1
     num_processes: int | None  # None: processes_per_host * hosts
@@ -38,7 +40,7 @@ class MpiSettings:
 
 
 @dataclass(frozen=True)
-class HorovodSettings:
+class HorovodOptions:
     timeline: bool = False
     timeline_mark_cycles: bool = False
     autotune: bool = False
@@ -49,7 +51,7 @@ class HorovodSettings:
     log_level: str | None = None
 
     def env(self, output_data_dir: Path) -> dict[str, str]:
-        """The HOROVOD_* variables these settings stand for (forwarded to every rank)."""
+        """The HOROVOD_* variables these options stand for (forwarded to every rank)."""
         env: dict[str, str] = {}
         if self.timeline:
             env["HOROVOD_TIMELINE"] = str(output_data_dir / "horovod_timeline.json")
@@ -74,16 +76,16 @@ class HorovodSettings:
 
 
 @dataclass(frozen=True)
-class LauncherSettings:
-    peer_timeout: float = 600.0  # leader: how long to wait for every worker's sshd
-    leader_timeout: float = 900.0  # worker: how long to wait for the leader to start the job
+class LauncherOwnOptions:
+    peer_timeout: float = PEER_TIMEOUT
+    leader_timeout: float = LEADER_TIMEOUT
     forward_env: tuple[str, ...] = ()  # extra variable names (or PREFIX*) forwarded to ranks
     forward_aws_credentials: bool = False
     hang_dump_seconds: float | None = None  # stack dumps of every rank after this long without any output
 
 
 @dataclass(frozen=True)
-class ProgramSettings:
+class ProgramOptions:
     program: str | None
     submit_directory: str | None
     region: str | None
@@ -92,11 +94,11 @@ class ProgramSettings:
 
 
 @dataclass(frozen=True)
-class Settings:
-    mpi: MpiSettings
-    horovod: HorovodSettings
-    launcher: LauncherSettings
-    program: ProgramSettings
+class LauncherOptions:
+    mpi: MpiOptions
+    horovod: HorovodOptions
+    launcher: LauncherOwnOptions
+    program: ProgramOptions
 
 
 HOROVOD_KEYS = {
@@ -198,7 +200,7 @@ def split_mpi_options(text: object, key: str = "sagemaker_mpi_custom_mpi_options
         raise ConfigError(SOURCE, key, f"options quoted as in a shell ({exc})", text) from None
 
 
-def parse_settings(reserved: Mapping[str, object]) -> Settings:
+def parse_launcher_options(reserved: Mapping[str, object]) -> LauncherOptions:
     unknown = sorted(
         k
         for k in reserved
@@ -213,8 +215,8 @@ def parse_settings(reserved: Mapping[str, object]) -> Settings:
         raise ConfigError(SOURCE, "horovod_log_level", " | ".join(_HOROVOD_LOG_LEVELS), log_level)
     container_log_level = _int(reserved, "sagemaker_container_log_level", minimum=0, maximum=50)
 
-    return Settings(
-        mpi=MpiSettings(
+    return LauncherOptions(
+        mpi=MpiOptions(
             enabled=_bool(reserved, "sagemaker_mpi_enabled", True),
             processes_per_host=_int(
                 reserved, "sagemaker_mpi_num_of_processes_per_host", minimum=1, maximum=MAX_PROCESSES_PER_HOST
@@ -224,7 +226,7 @@ def parse_settings(reserved: Mapping[str, object]) -> Settings:
             custom_options=split_mpi_options(reserved.get("sagemaker_mpi_custom_mpi_options")),
             drop_defaults=_default_names(reserved, "launcher_drop_mpi_defaults"),
         ),
-        horovod=HorovodSettings(
+        horovod=HorovodOptions(
             timeline=_bool(reserved, "horovod_timeline", False),
             timeline_mark_cycles=_bool(reserved, "horovod_timeline_mark_cycles", False),
             autotune=_bool(reserved, "horovod_autotune", False),
@@ -244,22 +246,22 @@ def parse_settings(reserved: Mapping[str, object]) -> Settings:
             ),
             log_level=log_level.lower() if log_level else None,
         ),
-        launcher=LauncherSettings(
+        launcher=LauncherOwnOptions(
             peer_timeout=_number(
                 reserved, "launcher_peer_timeout_seconds", minimum=1, maximum=MAX_SECONDS, integer=False
             )
-            or 600.0,
+            or PEER_TIMEOUT,
             leader_timeout=_number(
                 reserved, "launcher_leader_timeout_seconds", minimum=1, maximum=MAX_SECONDS, integer=False
             )
-            or 900.0,
+            or LEADER_TIMEOUT,
             forward_env=_names(reserved, "launcher_forward_env"),
             forward_aws_credentials=_bool(reserved, "launcher_forward_aws_credentials", False),
             hang_dump_seconds=_number(
                 reserved, "launcher_hang_dump_seconds", minimum=1, maximum=MAX_SECONDS, integer=False
             ),
         ),
-        program=ProgramSettings(
+        program=ProgramOptions(
             program=_str(reserved, "sagemaker_program"),
             submit_directory=_str(reserved, "sagemaker_submit_directory"),
             region=_str(reserved, "sagemaker_region"),

@@ -156,19 +156,19 @@ def load(paths: SageMakerPaths) -> V3Job | None:
 
 
 def apply(job: Job, v3: V3Job) -> Job:
-    """The job with v3's settings: MPI on all hosts (or the script once per host), its script and code."""
-    settings = job.settings
+    """The job with v3.s options: MPI on all hosts (or the script once per host), its script and code."""
+    options = job.options
     dist = v3.distributed
     mpi = dataclasses.replace(
-        settings.mpi,
+        options.mpi,
         enabled=dist.kind == "mpi",
-        processes_per_host=dist.process_count_per_node or settings.mpi.processes_per_host,
-        custom_options=settings.mpi.custom_options + dist.mpi_additional_options,
+        processes_per_host=dist.process_count_per_node or options.mpi.processes_per_host,
+        custom_options=options.mpi.custom_options + dist.mpi_additional_options,
     )
     program = dataclasses.replace(
-        settings.program, program=v3.source.entry_script, submit_directory=str(v3.code_location)
+        options.program, program=v3.source.entry_script, submit_directory=str(v3.code_location)
     )
-    return dataclasses.replace(job, settings=dataclasses.replace(settings, mpi=mpi, program=program))
+    return dataclasses.replace(job, options=dataclasses.replace(options, mpi=mpi, program=program))
 
 
 def script_args(user_hyperparameters: Mapping[str, object]) -> list[str]:

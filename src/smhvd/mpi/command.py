@@ -1,4 +1,4 @@
-"""The mpirun command line: a pure function from a typed plan to an argv list.
+"""The mpirun command line: the plan (`plan_for`, from the job), then a pure function from plan to argv.
 
 Defaults are named. A user option in `sagemaker_mpi_custom_mpi_options` (or an `OMPI_MCA_<key>` variable in
 the job's environment) that sets the same thing as a default, or a thing Open MPI refuses beside it,
@@ -15,6 +15,10 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # config.launcher_options imports default_names from here
+    from smhvd.config.job import Job
 
 # Forwarded to every rank (by name: values never appear on the command line).
 FORWARD_NAMES = (
@@ -110,7 +114,6 @@ class MpiPlan:
     ssh_config: Path | None = None  # multi-host: ssh client config for launching orted
     yield_when_idle: bool = False
     forward: tuple[str, ...] = ()  # env names passed with -x NAME
-    set_env: tuple[tuple[str, str], ...] = ()  # -x NAME=VALUE (launcher constants only)
     custom_options: tuple[str, ...] = ()
     drop_defaults: frozenset[str] = frozenset()
     env_mca: frozenset[str] = frozenset()  # MCA keys the job's environment sets (OMPI_MCA_<key>)
@@ -129,21 +132,19 @@ def default_options(plan: MpiPlan) -> list[tuple[str, list[str]]]:
     if plan.interface:
         options.append(("btl_tcp_if_include", ["--mca", "btl_tcp_if_include", plan.interface]))
         options.append(("oob_tcp_if_include", ["--mca", "oob_tcp_if_include", plan.interface]))
+        # NCCL picks its own interface otherwise (docker0 or lo on some hosts); a forwarded value wins.
+        options.append(("NCCL_SOCKET_IFNAME", ["-x", f"NCCL_SOCKET_IFNAME={plan.interface}"]))
     if plan.ssh_config is not None:
         options.append(("plm_rsh_args", ["--mca", "plm_rsh_args", f"-F {plan.ssh_config}"]))
         options.append(("plm_rsh_no_tree_spawn", ["--mca", "plm_rsh_no_tree_spawn", "1"]))
     return options
 
 
-# The -x NAME=VALUE constants the leader may set (leader.plan_for); like default_options, droppable by name.
-LAUNCHER_ENV_NAMES = frozenset({"NCCL_SOCKET_IFNAME"})
-
-
 def default_names() -> frozenset[str]:
     """Every name launcher_drop_mpi_defaults accepts: each default default_options can give (asked of a plan
-    with every optional default on), and the launcher's -x constants."""
+    with every optional default on)."""
     every = MpiPlan(1, Path(), Path(), (), interface="eth0", ssh_config=Path(), yield_when_idle=True)
-    return frozenset(name for name, _ in default_options(every)) | LAUNCHER_ENV_NAMES
+    return frozenset(name for name, _ in default_options(every))
 
 
 def user_names(custom: Sequence[str]) -> set[str]:
@@ -175,14 +176,37 @@ def env_mca_keys(env: Mapping[str, str]) -> frozenset[str]:
 
 
 def overridden_names(custom: Sequence[str], env_mca: frozenset[str] = frozenset()) -> set[str]:
-    """Names of the defaults (and launcher -x constants) that the user's own settings replace."""
+    """Names of the defaults that the user's own options replace."""
     given = user_names(custom) | env_mca
     replaced = {name for name, related in RELATED.items() if given & related}
     return replaced | given
 
 
+def plan_for(
+    job: Job, program: Sequence[str], env: Mapping[str, str], run_dir: Path, code_dir: Path
+) -> MpiPlan:
+    """The plan of the job's mpirun: `program` on every MPI host, with `env` (the ranks' environment)."""
+    multi = job.mpi_multi_host
+    launcher = job.options.launcher
+    return MpiPlan(
+        num_processes=job.num_processes,
+        hostfile=run_dir / "hostfile",
+        workdir=code_dir,
+        program=tuple(program),
+        interface=job.resources.network_interface_name if multi else None,
+        ssh_config=run_dir / "ssh_config" if multi else None,
+        yield_when_idle=job.processes_per_host >= job.hardware.cpus,
+        forward=forwarded_names(env, launcher.forward_env, aws_credentials=launcher.forward_aws_credentials),
+        custom_options=job.options.mpi.custom_options,
+        drop_defaults=job.options.mpi.drop_defaults,
+        env_mca=env_mca_keys(env),
+    )
+
+
 def build_mpirun_argv(plan: MpiPlan) -> list[str]:
-    skip = overridden_names(plan.custom_options, plan.env_mca) | set(plan.drop_defaults)
+    # A default is skipped when the user's options set it (or what conflicts with it), when it is dropped by
+    # name, or, for a variable, when the environment's own value is forwarded.
+    skip = overridden_names(plan.custom_options, plan.env_mca) | set(plan.drop_defaults) | set(plan.forward)
     argv = [
         "mpirun",
         "--allow-run-as-root",
@@ -198,9 +222,6 @@ def build_mpirun_argv(plan: MpiPlan) -> list[str]:
             argv += option
     for name in plan.forward:
         argv += ["-x", name]
-    for name, value in plan.set_env:
-        if name not in skip:
-            argv += ["-x", f"{name}={value}"]
     argv += plan.custom_options
     argv += plan.program
     return argv

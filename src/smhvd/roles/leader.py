@@ -14,7 +14,7 @@ from pathlib import Path
 
 from smhvd.config.job import Job
 from smhvd.errors import EX_STOPPED
-from smhvd.mpi.command import MpiPlan, build_mpirun_argv, display, env_mca_keys, forwarded_names
+from smhvd.mpi.command import MpiPlan, build_mpirun_argv, display, plan_for
 from smhvd.mpi.hostfile import render_hostfile
 from smhvd.mpi.output import parse_mpirun_verdict
 from smhvd.proc.signals import SignalWatch
@@ -27,32 +27,6 @@ from smhvd.roles.sshd import render_ssh_config, ssh_port
 
 log = logging.getLogger("smhvd")
 DUMP_LINE_LIMIT = 400  # of the failure file's 1024 characters, at most this much for a stack dump's summary
-
-
-def plan_for(
-    job: Job, program: Sequence[str], env: Mapping[str, str], run_dir: Path, code_dir: Path
-) -> MpiPlan:
-    multi = job.mpi_multi_host
-    pph = job.processes_per_host
-    iface = job.resources.network_interface_name if multi else None
-    set_env: list[tuple[str, str]] = []
-    if iface and "NCCL_SOCKET_IFNAME" not in env:
-        set_env.append(("NCCL_SOCKET_IFNAME", iface))
-    launcher = job.settings.launcher
-    return MpiPlan(
-        num_processes=job.num_processes,
-        hostfile=run_dir / "hostfile",
-        workdir=code_dir,
-        program=tuple(program),
-        interface=iface,
-        ssh_config=run_dir / "ssh_config" if multi else None,
-        yield_when_idle=pph >= job.hardware.cpus,
-        forward=forwarded_names(env, launcher.forward_env, aws_credentials=launcher.forward_aws_credentials),
-        set_env=tuple(set_env),
-        custom_options=job.settings.mpi.custom_options,
-        drop_defaults=job.settings.mpi.drop_defaults,
-        env_mca=env_mca_keys(env),
-    )
 
 
 def rank_command(program: Sequence[str]) -> list[str]:
@@ -133,13 +107,13 @@ def run_leader(
             log.info(
                 "waiting for workers %s (up to %gs)",
                 ", ".join(job.peers),
-                job.settings.launcher.peer_timeout,
+                job.options.launcher.peer_timeout,
             )
             links = connect_all(
                 job.peers,
                 ssh_config,
                 port,
-                job.settings.launcher.peer_timeout,
+                job.options.launcher.peer_timeout,
                 watch.stop_requested,
             )
             tell_all(links, {"event": "start"})
@@ -155,7 +129,7 @@ def run_leader(
             keep=[w.proc.pid for w in links],
             watch=watch,
             tick=functools.partial(tell_all, links, {"event": "alive"}) if links else None,
-            dumps=Dumps(stacks.start, stacks.wait, job.settings.launcher.hang_dump_seconds),
+            dumps=Dumps(stacks.start, stacks.wait, job.options.launcher.hang_dump_seconds),
             # A stop that reached only the leader (a user's stop, Ctrl-C) stops every host's ranks.
             on_stop=functools.partial(tell_all, links, {"event": "stop"}),
         )
@@ -179,8 +153,8 @@ def report(
 ) -> None:
     """Log the job summary and write it to output/data/job-summary.json."""
     share = None
-    if job.settings.horovod.timeline:
-        timeline = Path(job.settings.horovod.env(job.paths.output_data_dir)["HOROVOD_TIMELINE"])
+    if job.options.horovod.timeline:
+        timeline = Path(job.options.horovod.env(job.paths.output_data_dir)["HOROVOD_TIMELINE"])
         with contextlib.suppress(OSError):
             share = summary.horovod_op_share(summary.timeline_events(timeline.read_text()))
     host_exits: dict[str, int | str] = {job.resources.current_host: code}

@@ -257,14 +257,14 @@ def run_worker(
             "sshd listening on port %d; waiting for the leader %s (up to %gs)",
             port,
             leader,
-            job.settings.launcher.leader_timeout,
+            job.options.launcher.leader_timeout,
         )
         try:
             keep = [sshd.pid] + ([script.proc.pid] if script else [])
             waiter = LinkWaiter(
                 server,
                 leader,
-                job.settings.launcher.leader_timeout,
+                job.options.launcher.leader_timeout,
                 watch,
                 on_child=script.check if script else None,
                 on_dump=lambda why: dump_here(host, job.paths.output_data_dir, why),
