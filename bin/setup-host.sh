@@ -59,22 +59,21 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-"${pip[@]}" install -q --upgrade 'pip>=24' wheel 'setuptools>=64,<70'
+"${pip[@]}" install -q -r "$repo/requirements/build.txt"   # the images' pins of pip, setuptools, wheel
 "${pip[@]}" install -q -r "$repo/requirements/stack.txt"
 
-# Horovod: built against the TensorFlow just installed, so without build isolation.
+# Horovod: built against the TensorFlow just installed, by the images' own script (same flags, same pins).
 if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
-  echo "setup: building Horovod (about 3 minutes on 2 cores the first time; cached afterwards)"
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI \
-  MAKEFLAGS=-j"$(nproc)" \
-    "${pip[@]}" install -q --no-build-isolation -r "$repo/requirements/horovod.txt"
+  echo "setup: building Horovod (about 3 minutes on 2 cores the first time; pip caches the wheel afterwards)"
+  PATH="$venv/bin:$PATH" PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    bash "$repo/docker/scripts/build-horovod.sh" cpu "$repo/requirements" >/dev/null
 fi
 
 "${pip[@]}" install -q -r "$repo/requirements/diagnostics.txt"   # py-spy: stack dumps of hung ranks
 
 if [ "$dev" = 1 ]; then
   "${pip[@]}" install -q -r "$repo/requirements/dev.txt"
+  "${pip[@]}" install -q -r "$repo/requirements/bench.txt" -c "$repo/requirements/stack.txt"
 fi
 # The launcher itself, editable so that src/ changes apply without reinstalling; with --dev, the development
 # tools beside it (dev/: the simulated cluster, the /opt/ml tree writer, the demos).

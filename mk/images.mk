@@ -5,7 +5,7 @@
 #   make image-push FLAVOR=cpu              # to ECR (AWS CLI credentials), or PUSH_ARGS='--registry HOST'
 #   make local-train IMAGE=sagemaker-horovod:cpu LOCAL_TRAIN_ARGS='--source DIR --entry-point x.py'
 
-.PHONY: image-cpu image-gpu image-push local-train base-image test-images test-images-gpu lint-images
+.PHONY: image-cpu image-gpu image-push local-train base-image test-images test-images-gpu
 
 ENGINE ?=
 IMAGE_NAME ?= sagemaker-horovod
@@ -46,6 +46,3 @@ test-images: setup ## the image tier only: CPU and GPU builds, run, push/pull, d
 test-images-gpu: setup ## build and check the GPU image only (about 4 GB of NVIDIA wheels)
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests/images/test_gpu_image.py
 
-lint-images: setup ## shellcheck the image scripts, hadolint the Dockerfile
-	shellcheck bin/build.sh bin/push.sh bin/local-train.sh bin/make-base-image.sh bin/daemonless-env.sh docker/scripts/*.sh
-	$(VENV)/bin/hadolint --config .hadolint.yaml docker/Dockerfile

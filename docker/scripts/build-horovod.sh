@@ -3,8 +3,9 @@
 # isolation) with MPI and Gloo controllers; gpu: also NCCL GPU operations, compiled with the toolchain at
 # CUDA_HOME (see cuda-toolchain.sh) and linked to the CUDA runtime and NCCL of the venv's NVIDIA wheels through
 # an RPATH, so the image needs neither /opt/cuda nor LD_LIBRARY_PATH at run time.
-# pip's cache is off: CPU and GPU Horovod wheels have the same name and cache key, one must never be reused for
-# the other.
+# The image build and the dev setup (bin/setup-host.sh, cpu) both build Horovod with this script. For gpu pip's
+# cache is off: CPU and GPU Horovod wheels have the same name and cache key, and the GPU one must never be
+# reused for a CPU build (for cpu, the caller's pip settings apply: the images set PIP_NO_CACHE_DIR=1).
 #
 # usage: build-horovod.sh cpu|gpu REQUIREMENTS_DIR
 # env:   CUDA_HOME (gpu), HOROVOD_BUILD_CUDA_CC_LIST (gpu)
@@ -50,7 +51,9 @@ case "$flavor" in
   *) echo "build-horovod: flavor must be cpu or gpu, not '$flavor'" >&2; exit 2 ;;
 esac
 
-python -m pip install --no-cache-dir --no-build-isolation -r "$reqdir/horovod.txt"
+cache=()
+[ "$flavor" = cpu ] || cache=(--no-cache-dir)
+python -m pip install "${cache[@]}" --no-build-isolation -r "$reqdir/horovod.txt"
 hvd=$(python -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("horovod").origin))')
 # Debug sections make the libraries 15x larger (17.5 MB -> 1.1 MB).
 find "$hvd" -name '*.so' -exec strip --strip-debug {} +

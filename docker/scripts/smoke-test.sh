@@ -29,7 +29,7 @@ case "${1:-}" in
       *) echo "smoke-test: flavor must be cpu or gpu, not '${2:-}'" >&2; exit 2 ;;
     esac
     on_path mpirun sshd ssh horovodrun py-spy
-    python -c 'import horovod.tensorflow, tensorpack, mpi4py.MPI, cv2, pycocotools.mask, sagemaker_training'
+    python -c 'import horovod.tensorflow, tensorpack, mpi4py.MPI, cv2, pycocotools.mask'
     report=$(horovodrun --check-build)
     echo "$report"
     for item in "${required[@]}"; do

@@ -83,6 +83,13 @@ def write_tiny_job(tmp: Path) -> tuple[Path, Path, Path]:
     return code, data, hps
 
 
+NOT_RUNTIME = ("smhvd_sim", "smhvd_dev", "sagemaker_training", "matplotlib", "pytest", "moto")
+NOT_RUNTIME_PROBE = (
+    "import importlib.util as u;"
+    f" print('not runtime, present:', [m for m in {NOT_RUNTIME!r} if u.find_spec(m)])"
+)
+
+
 def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: dict[str, str]) -> None:
     info = json.loads(podman(engine_env, "image", "inspect", cpu_image.immutable))[0]
     assert info["Config"]["Cmd"] == ["train"]
@@ -99,6 +106,7 @@ def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: 
     probe = (
         "set -e; command -v train; command -v smhvd-train; test -d /run/sshd; ls /opt/smhvd/examples;"
         " ls /etc/ssh/ssh_host_ed25519_key; passwd -S root; horovodrun --check-build; train --help;"
+        f" python -c {shlex.quote(NOT_RUNTIME_PROBE)};"
         f" cd /opt/smhvd/examples/mnist && python -c {shlex.quote(EMBEDDED_DATA)}"
     )
     out = podman(engine_env, "run", "--rm", "--network", "none", cpu_image.immutable, "bash", "-c", probe)
@@ -107,6 +115,8 @@ def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: 
     assert "root L " in out  # no password can log in
     for built in ("TensorFlow", "MPI", "Gloo"):
         assert f"[X] {built}" in out, out
+    # The runtime image carries the runtime only: no simulator, dev helpers, benchmark or test tools.
+    assert "not runtime, present: []" in out, out
     # Both datasets of the MNIST reference script are in the image: a job needs no data channel.
     assert "mnist 60000 10000" in out, out
     assert "fashion_mnist 60000 10000" in out, out
