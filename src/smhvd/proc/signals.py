@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import signal
 import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
 from types import TracebackType
 
+from smhvd.proc.processes import reap_orphans
+
 WATCHED = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1)  # USR1: stack dumps
+
+
+@dataclass(frozen=True)
+class Received:
+    """The signals that arrived since the last look, as events."""
+
+    stop: int | None = None  # the first stop signal (SIGTERM from SageMaker, Ctrl-C, SIGHUP)
+    dump: bool = False  # SIGUSR1: a stack dump of every rank was asked for
+    child: bool = False  # SIGCHLD: a child exited (re-parented orphans are already reaped)
 
 
 class SignalWatch:
@@ -40,6 +53,19 @@ class SignalWatch:
     def stop_requested(self) -> bool:
         """Whether a stop signal arrived (for waits that cannot select on fileno(), e.g. polling loops)."""
         return any(is_stop(sig) for sig in self.drain())
+
+    def receive(self, keep_pids: Iterable[int]) -> Received:
+        """The signals since the last call, as events; on SIGCHLD the zombies of re-parented orphans are
+        reaped, except `keep_pids` (the children whose exit status their owner waits for)."""
+        received = self.drain()
+        if signal.SIGCHLD in received:
+            reap_orphans(keep_pids)
+        stops = [sig for sig in received if is_stop(sig)]
+        return Received(
+            stop=stops[0] if stops else None,
+            dump=signal.SIGUSR1 in received,
+            child=signal.SIGCHLD in received,
+        )
 
     def drain(self) -> list[int]:
         received: list[int] = []

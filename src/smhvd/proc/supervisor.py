@@ -25,8 +25,8 @@ from pathlib import Path
 from smhvd import link
 from smhvd.errors import EX_MPI_ABORT
 from smhvd.mpi.output import StderrFilter
-from smhvd.proc.processes import descendants, die_with_parent, is_rank_wrapper, reap_orphans, signal_pids
-from smhvd.proc.signals import SignalWatch, is_stop
+from smhvd.proc.processes import descendants, die_with_parent, is_rank_wrapper, signal_pids
+from smhvd.proc.signals import SignalWatch
 
 log = logging.getLogger("smhvd")
 ABORT_GRACE = 5.0  # Open MPI said the job aborts -> mpirun gets SIGTERM if still running after this long
@@ -50,10 +50,13 @@ def local_ranks() -> list[int]:
     return [pid for pid in descendants() if is_rank_wrapper(pid)]
 
 
-def stop_local_ranks() -> list[int]:
+def stop_local_ranks(why: str, dump: Callable[[str], object], after: str = "") -> None:
+    """A stop on this host (the leader's and every worker's one way): a stack dump first, so that it shows
+    where the ranks were, then SIGTERM to this host's ranks, once per stop."""
+    dump(why)
     ranks = local_ranks()
     signal_pids(ranks, signal.SIGTERM)
-    return ranks
+    log.warning("%s: SIGTERM sent to %d local rank(s)%s", why, len(ranks), after)
 
 
 def supervise(
@@ -135,20 +138,20 @@ def supervise(
 def _on_signals(
     watch: SignalWatch, stopped: bool, keep_pids: set[int], dumps: Dumps, on_stop: Callable[[], object]
 ) -> bool:
-    """A stop request goes to the local ranks (once, after a stack dump); orphans are reaped; SIGUSR1 takes
-    a stack dump. Whether a stop was requested."""
-    for sig in watch.drain():
-        if sig == signal.SIGUSR1:
-            dumps.dump("SIGUSR1")
-        elif is_stop(sig) and not stopped:
-            stopped = True
-            dumps.dump(f"stopped by {signal.Signals(sig).name}")
+    """A stop request goes to the local ranks (once, after a stack dump); SIGUSR1 takes a stack dump.
+    Whether a stop was requested."""
+    got = watch.receive(keep_pids)
+    if got.dump:
+        dumps.dump("SIGUSR1")
+    if got.stop is not None and not stopped:
+
+        def dump_and_settle(why: str) -> None:
+            dumps.dump(why)
             dumps.settle(STOP_DUMP_WAIT)  # the ranks' stacks before they are stopped
-            ranks = stop_local_ranks()
-            log.warning("%s received: SIGTERM sent to %d local rank(s)", signal.Signals(sig).name, len(ranks))
-            on_stop()
-        elif sig == signal.SIGCHLD:
-            reap_orphans(keep_pids)
+
+        stop_local_ranks(f"stopped by {signal.Signals(got.stop).name}", dump_and_settle)
+        on_stop()
+        return True
     return stopped
 
 

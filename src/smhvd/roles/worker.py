@@ -23,8 +23,8 @@ from pathlib import Path
 from smhvd import link
 from smhvd.config.job import Job
 from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, PeerError
-from smhvd.proc.processes import die_with_parent, kill_descendants, reap_orphans
-from smhvd.proc.signals import SignalWatch, is_stop
+from smhvd.proc.processes import die_with_parent, kill_descendants
+from smhvd.proc.signals import SignalWatch
 from smhvd.proc.supervisor import stop_local_ranks
 from smhvd.report import failure, stacks
 from smhvd.roles import hostenv
@@ -131,18 +131,15 @@ class LinkWaiter:
             return None
         if isinstance(obj, socket.socket):
             return self._read(obj, sel)
-        for sig in self.watch.drain():
-            if sig == signal.SIGUSR1 and self.on_dump is not None:
-                self.on_dump("SIGUSR1")
-            elif is_stop(sig):
-                verdict = self._stop(f"{signal.Signals(sig).name} received")
-                if verdict is not None:
-                    return verdict
-            elif sig == signal.SIGCHLD:
-                reap_orphans(keep)
-                verdict = self.on_child() if self.on_child else None
-                if verdict is not None:
-                    return verdict
+        got = self.watch.receive(keep)
+        if got.dump and self.on_dump is not None:
+            self.on_dump("SIGUSR1")
+        if got.stop is not None:
+            verdict = self._stop(f"{signal.Signals(got.stop).name} received")
+            if verdict is not None:
+                return verdict
+        if got.child and self.on_child is not None:
+            return self.on_child()
         return None
 
     def _stop(self, why: str) -> Verdict | None:
@@ -153,10 +150,8 @@ class LinkWaiter:
         self.stopping_since = time.monotonic()
         if not self.started:
             return Verdict(EX_STOPPED, "")
-        if self.on_dump is not None:
-            self.on_dump(f"stopped: {why}")
-        log.warning(
-            "%s: SIGTERM sent to %d local rank(s); waiting for the leader", why, len(stop_local_ranks())
+        stop_local_ranks(
+            f"stopped: {why}", self.on_dump or (lambda _: None), after="; waiting for the leader"
         )
         return None
 
