@@ -99,7 +99,7 @@ class Job:
                 hyperparameters=hyperparameters,
                 network_interface_name="eth0",
             )
-            (ml / "code").mkdir()
+            (ml / "code").mkdir(exist_ok=True)  # the writer makes code/, as SageMaker does
             (ml / "code" / "probe.py").write_text(PROBE)
             hostname = "box-" + alias.removeprefix("algo-")  # not the alias, as on SageMaker
             self.instances.append(Instance(alias, hostname, f"{tag}-{alias}", ml))
