@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """MNIST reference script: time to 99% test accuracy at 1 and 2 ranks, and Horovod's overhead at 1 rank.
 
-1. Convergence: examples/mnist/train_mnist.py on the full MNIST set with its default hyperparameters (batch
-   64 per rank, learning rate 0.001 x ranks), --max-epochs epochs, at np=1 (plain python) and np=2 (mpirun,
-   no binding, yield when idle). Reports the first epoch whose test accuracy (the per-epoch validation on the
-   10k test set) reaches --target, the training seconds up to it, the process wall time and images/s.
-2. Overhead at np=1: the script's model, input pipeline, optimizer and threads with Horovod (hvd.init at size
-   1, DistributedOptimizer, broadcast and metric-averaging callbacks) against the same without Horovod (this
-   file's --overhead-worker mode). Runs alternate, --repeats pairs of 3 epochs; epochs 2-3 count (no tracing,
-   no first-step broadcast). Compares median images/s (wall) and CPU milliseconds per image (all threads;
-   much steadier than wall time when other processes share the cores).
+1. Convergence: examples/mnist/train_mnist.py, run by benchmarks/mnist_measure.py (which adds per-epoch
+   timings to history.csv), on the full MNIST set with its default hyperparameters (batch 64 per rank,
+   learning rate 0.001 x ranks), --max-epochs epochs, at np=1 (plain python) and np=2 (mpirun, no binding,
+   yield when idle, one thread per rank as the launcher sets). Reports the first epoch whose test accuracy
+   (the per-epoch validation on the 10k test set) reaches --target, the training seconds up to it, the
+   process wall time and images/s.
+2. Overhead at np=1: the script's model, input pipeline and optimizer (TensorFlow's default threads) with
+   Horovod (hvd.init at size 1, DistributedOptimizer, broadcast and metric-averaging callbacks) against the
+   same without Horovod (this file's --overhead-worker mode). Runs alternate, --repeats pairs of 3 epochs;
+   epochs 2-3 count (no tracing, no first-step broadcast). Compares median images/s (wall) and CPU
+   milliseconds per image (all threads; much steadier than wall time when other processes share the cores).
 
 Usage: python benchmarks/mnist_convergence.py [--max-epochs 12] [--repeats 3] [--skip-convergence]
 Figures go to stdout and, as JSON, to build/bench/mnist_convergence.json. Needs a quiet machine to mean much.
@@ -31,7 +33,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT_DIR = REPO / "examples" / "mnist"
-SCRIPT = SCRIPT_DIR / "train_mnist.py"
+SCRIPT = REPO / "benchmarks" / "mnist_measure.py"  # train_mnist.py with per-epoch timings
 RESULTS = REPO / "build" / "bench" / "mnist_convergence.json"
 
 
@@ -59,13 +61,17 @@ def run_script(processes: int, args: list[str], workdir: Path) -> tuple[float, l
     """(wall seconds, per-epoch rows of history.csv, metrics.json) of one run in a fresh job directory."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("SM_")}
     env["SAGEMAKER_BASE_DIR"] = str(workdir)
+    # As the launcher does (the script leaves threads to it): each rank's share of the cores.
+    share = str(max(1, len(os.sched_getaffinity(0)) // processes))
+    for name in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        env.setdefault(name, share)
     started = time.monotonic()
     result = subprocess.run(
         script_argv(processes, args), env=env, capture_output=True, text=True, timeout=3600, check=False
     )
     wall = time.monotonic() - started
     if result.returncode != 0:
-        sys.exit(f"benchmark: train_mnist.py exited {result.returncode}:\n{result.stderr[-3000:]}")
+        sys.exit(f"benchmark: {SCRIPT.name} exited {result.returncode}:\n{result.stderr[-3000:]}")
     with (workdir / "output" / "data" / "history.csv").open() as stream:
         history = [{key: float(value) for key, value in row.items()} for row in csv.DictReader(stream)]
     metrics = json.loads((workdir / "output" / "data" / "metrics.json").read_text())
@@ -76,7 +82,7 @@ def convergence(processes: int, max_epochs: int, target: float) -> dict[str, Any
     with tempfile.TemporaryDirectory(prefix="mnist-bench-") as workdir:
         wall, history, metrics = run_script(processes, ["--epochs", str(max_epochs)], Path(workdir))
     reached = next((row for row in history if row["val_accuracy"] >= target), None)
-    epochs_to_target = int(reached["epoch"]) if reached else None
+    epochs_to_target = int(reached["epoch"]) + 1 if reached else None  # Keras' CSVLogger counts from 0
     train_seconds_to_target = (
         sum(row["epoch_seconds"] for row in history[:epochs_to_target]) if epochs_to_target else None
     )
@@ -94,15 +100,16 @@ def convergence(processes: int, max_epochs: int, target: float) -> dict[str, Any
 
 
 def overhead_worker(use_horovod: bool, epochs: int, steps: int, out: Path) -> None:
-    """The script's model, input pipeline, optimizer, warmup and threads at one rank, with or without
-    Horovod (hvd.init, DistributedOptimizer, broadcast and metric-averaging callbacks): nothing else differs.
-    Writes the wall and CPU seconds (all the process's threads, Horovod's background thread included) of each
-    epoch's training steps."""
+    """The script's model, input pipeline (rebuilt here as the script builds it), optimizer and warmup at one
+    rank, with or without Horovod (hvd.init, DistributedOptimizer, broadcast and metric-averaging callbacks):
+    nothing else differs. Writes the wall and CPU seconds (all the process's threads, Horovod's background
+    thread included) of each epoch's training steps."""
     sys.path.insert(0, str(SCRIPT_DIR))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     import mnist_data
     import tensorflow as tf
     import train_mnist
+    from mnist_measure import EpochTimer
 
     callbacks: list[Any] = []
     wrap = lambda optimizer: optimizer  # noqa: E731
@@ -113,41 +120,41 @@ def overhead_worker(use_horovod: bool, epochs: int, steps: int, out: Path) -> No
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
         wrap = hvd.DistributedOptimizer
     defaults = train_mnist.parse_args([], {})
-    intra, inter = train_mnist.thread_counts(os.environ, len(os.sched_getaffinity(0)), 1)
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
     tf.keras.utils.set_random_seed(defaults.seed)
-    train_split, test_split = mnist_data.load(mnist_data.resolve_source("mnist", {}))
-    train_data, test_data = train_mnist.input_pipelines(
-        tf, train_split, test_split, defaults.batch_size, defaults.seed
+    train, test = mnist_data.load(mnist_data.resolve_source("mnist", {}))
+    train_data = (
+        tf.data.Dataset.from_tensor_slices((train.images, train.labels))
+        .shuffle(10_000, seed=defaults.seed)
+        .repeat()
+        .batch(defaults.batch_size)
+        .prefetch(tf.data.AUTOTUNE)
     )
-    schedule = train_mnist.make_warmup_schedule(tf)(
-        base_lr=defaults.learning_rate,
-        scaled_lr=defaults.learning_rate,
-        warmup_steps=round(defaults.warmup_epochs * steps),
+    test_data = tf.data.Dataset.from_tensor_slices((test.images, test.labels)).batch(256)
+    schedule = tf.keras.optimizers.schedules.PolynomialDecay(
+        defaults.learning_rate,
+        max(1, round(defaults.warmup_epochs * steps)),
+        end_learning_rate=defaults.learning_rate,  # x 1 rank
+        power=1.0,
     )
-    model = train_mnist.build_model(tf)
+    model = train_mnist.build_model()
     model.compile(
-        optimizer=wrap(tf.keras.optimizers.Adam(learning_rate=schedule)),
+        optimizer=wrap(tf.keras.optimizers.Adam(schedule)),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(),
         metrics=["accuracy"],
     )
+    timer = EpochTimer(images_per_step=defaults.batch_size)
     timings: list[dict[str, float]] = []
 
-    class StepTimer(tf.keras.callbacks.Callback):  # type: ignore[misc,name-defined]
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            self.started = (time.monotonic(), time.process_time())
-
-        def on_test_begin(self, logs: Any = None) -> None:
-            wall, cpu = time.monotonic() - self.started[0], time.process_time() - self.started[1]
-            timings.append({"wall_seconds": wall, "cpu_seconds": cpu})
+    def record(epoch: int, logs: Any) -> None:
+        assert timer.training is not None
+        timings.append({"wall_seconds": timer.training.wall, "cpu_seconds": timer.training.cpu})
 
     model.fit(
         train_data,
         epochs=epochs,
         steps_per_epoch=steps,
         validation_data=test_data,
-        callbacks=[*callbacks, StepTimer()],
+        callbacks=[*callbacks, timer.callback(), tf.keras.callbacks.LambdaCallback(on_epoch_end=record)],
         verbose=0,
     )
     out.write_text(json.dumps({"images_per_epoch": steps * defaults.batch_size, "epochs": timings}))

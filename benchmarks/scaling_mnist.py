@@ -2,7 +2,8 @@
 on one host, and 2 hosts x 1 process on a simulated cluster; images/s and the ratio to np=1. Needs root.
 
 All three run in the same simulated host algo-1 (single-host jobs get a resourceconfig naming algo-1 alone,
-as a one-instance SageMaker job has), with examples/mnist/train_mnist.py, --epochs E --steps_per_epoch S;
+as a one-instance SageMaker job has), with examples/mnist/train_mnist.py run by benchmarks/mnist_measure.py
+(the per-epoch timings it adds to history.csv), --epochs E --steps_per_epoch S;
 the figure is the median images/s (all ranks) over the epochs after the first (tracing, first broadcast).
 Target: np=2 >= 1.6x np=1 on 2 cores. The 2 simulated hosts share the same 2 cores: that row shows the
 multi-host path's cost (TCP instead of shared memory, each host's launcher sizing threads for 2 cores),
@@ -27,12 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster_common import reset_outputs, say, table
+from mnist_measure import PROGRAM, code_dir
 
 from smhvd_dev.mltree import resource_config
 from smhvd_sim import Cluster, ClusterError, ClusterSpec
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT_DIR = REPO / "examples" / "mnist"
 CONFIGS = (("np=1 (1 host)", 1, 1), ("np=2 (1 host)", 1, 2), ("2 hosts x 1", 2, 1))
 # Not a launcher default: one rank on one TensorFlow thread, i.e. what each rank of np=2 gets. Its images per
 # CPU-second, on 2 cores, bound what np=2 can reach even with a free allreduce.
@@ -94,8 +94,8 @@ def main() -> int:
         spec = ClusterSpec(
             hosts=2,
             workdir=Path(tmp),
-            code_dir=SCRIPT_DIR,
-            hyperparameters={"sagemaker_program": json.dumps("train_mnist.py")},
+            code_dir=code_dir(Path(tmp) / "mnist-code"),
+            hyperparameters={"sagemaker_program": json.dumps(PROGRAM)},
         )
         with Cluster(spec) as cluster:
             for _ in range(args.repeats):
@@ -107,7 +107,8 @@ def main() -> int:
                     if any(results[host].exit_code != 0 for host in cluster.spec.host_names[:hosts]):
                         raise ClusterError(f"{name}: training failed; see {results['algo-1'].log}")
                     log = results["algo-1"].log
-                    if mpi_options and "TensorFlow threads intra=1 inter=1" not in Path(log).read_text():
+                    one_thread = "TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1"
+                    if mpi_options and one_thread not in Path(log).read_text():
                         raise ClusterError(f"{name}: the rank ran with more than one TF thread; see {log}")
                     measured[name].append(throughput(cluster, hosts * per_host))
                     say(f"{name}: {measured[name][-1]}")

@@ -1,4 +1,4 @@
-"""Fixtures for the MNIST reference script's tests; its helper modules go on sys.path for the unit tests."""
+"""Fixtures for the MNIST example's tests; its directory goes on sys.path (the tests import its modules)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Running the MNIST reference script for real: one rank through plain `python`, two through Open MPI's
-`mpirun` with the options the launcher also uses on few cores (no binding, yield when idle, one TensorFlow
-thread a rank).
+"""Running the MNIST example for real: one rank through plain `python`, two through Open MPI's `mpirun` with
+what the launcher also sets on few cores (no binding, yield when idle, one TensorFlow thread a rank: the
+script leaves threads to its launcher).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT_DIR = REPO / "examples" / "mnist"
 SCRIPT = SCRIPT_DIR / "train_mnist.py"
+MEASURE = REPO / "benchmarks" / "mnist_measure.py"  # the example with the benchmarks' timings
 RUN_TIMEOUT = 420  # seconds for one training run on a loaded 2-core machine (they take 20-60 s when quiet)
 
 
@@ -45,12 +46,14 @@ class Job:
             SM_OUTPUT_DATA_DIR=str(self.output_data_dir),
             PYTHONUNBUFFERED="1",
             OMP_NUM_THREADS="1",
+            TF_NUM_INTRAOP_THREADS="1",
+            TF_NUM_INTEROP_THREADS="1",
         )
         env.update(extra or {})
         return env
 
 
-def mpirun_argv(processes: int, script_args: Sequence[str]) -> list[str]:
+def mpirun_argv(processes: int, script_args: Sequence[str], script: Path = SCRIPT) -> list[str]:
     return [
         "mpirun",
         "--allow-run-as-root",
@@ -63,17 +66,22 @@ def mpirun_argv(processes: int, script_args: Sequence[str]) -> list[str]:
         "mpi_yield_when_idle",
         "1",
         sys.executable,
-        str(SCRIPT),
+        str(script),
         *script_args,
     ]
 
 
 def run_script(
-    job: Job, script_args: Sequence[str], processes: int = 2, extra_env: Mapping[str, str] | None = None
+    job: Job,
+    script_args: Sequence[str],
+    processes: int = 2,
+    extra_env: Mapping[str, str] | None = None,
+    script: Path = SCRIPT,
 ) -> subprocess.CompletedProcess[str]:
-    argv = (
-        mpirun_argv(processes, script_args) if processes > 1 else [sys.executable, str(SCRIPT), *script_args]
-    )
+    if processes > 1:
+        argv = mpirun_argv(processes, script_args, script)
+    else:
+        argv = [sys.executable, str(script), *script_args]
     return subprocess.run(
         argv, env=job.env(extra_env), capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False
     )
