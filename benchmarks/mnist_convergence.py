@@ -127,7 +127,6 @@ def overhead_worker(use_horovod: bool, epochs: int, steps: int, out: Path) -> No
         .shuffle(10_000, seed=defaults.seed)
         .repeat()
         .batch(defaults.batch_size)
-        .prefetch(tf.data.AUTOTUNE)
     )
     test_data = tf.data.Dataset.from_tensor_slices((test.images, test.labels)).batch(256)
     schedule = tf.keras.optimizers.schedules.PolynomialDecay(

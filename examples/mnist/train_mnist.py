@@ -101,21 +101,13 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
         )
 
     # Each rank trains on its own shard; together the ranks make one pass over the data per epoch.
+    def shard(split: mnist_data.Split) -> Any:
+        return tf.data.Dataset.from_tensor_slices(tuple(split)).shard(hvd.size(), hvd.rank())
+
     steps = max(1, len(train.labels) // (args.batch_size * hvd.size()))
     steps = min(steps, args.steps_per_epoch or steps)
-    train_data = (
-        tf.data.Dataset.from_tensor_slices((train.images, train.labels))
-        .shard(hvd.size(), hvd.rank())
-        .shuffle(10_000, seed=args.seed + hvd.rank())
-        .repeat()
-        .batch(args.batch_size)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-    test_data = (
-        tf.data.Dataset.from_tensor_slices((test.images, test.labels))
-        .shard(hvd.size(), hvd.rank())
-        .batch(256)
-    )
+    train_data = shard(train).shuffle(10_000, seed=args.seed + hvd.rank()).repeat().batch(args.batch_size)
+    test_data = shard(test).batch(256)
 
     # The rate rises linearly from one rank's to hvd.size() times that over the warmup (Goyal et al., 2017).
     # A schedule of the optimizer's step counter, so it also continues correctly after a resume.
