@@ -14,8 +14,9 @@ Rows (medians over --repeats runs, each row's runs interleaved across the launch
     each launcher reports (per host for the SageMaker launchers). The worker is algo-2 for ours and
     horovodrun; the toolkit elects as leader the first host of the unsorted instance group (algo-2), so its
     worker is algo-1;
-  MNIST images/s: examples/mnist/train_mnist.py, batch 64 per rank, --epochs E --steps_per_epoch S, median
-    images/s (all ranks) over the epochs after the first, np=2 on algo-1 alone and 2 hosts x 1;
+  MNIST images/s: examples/mnist/train_mnist.py under benchmarks/mnist_measure.py, batch 64 per rank,
+    --epochs E --steps_per_epoch S, median images/s (all ranks) over the epochs after the first, np=2 on
+    algo-1 alone and 2 hosts x 1;
   allreduce bus bandwidth: hvd.allreduce of float32 tensors of 4 KiB, 1 MiB, 64 MiB between 2 hosts x 1 rank,
     median time of N repeats after warmup, bus bandwidth = 2 (n-1)/n x bytes / time.
 Every row also gets its ratio to the best peer, oriented so that > 1 is better than the best peer (time rows:
@@ -32,7 +33,6 @@ import csv
 import json
 import math
 import os
-import shutil
 import signal
 import statistics
 import sys
@@ -43,14 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_common import SSHD_CONFIG, TOOLKIT_TRAIN, rank_times, reset_outputs, say, table, write_job
+from mnist_measure import PROGRAM as MNIST_PROGRAM
+from mnist_measure import code_dir as mnist_code_dir
 
 from smhvd_dev.mltree import resource_config
 from smhvd_sim import Cluster, ClusterError, ClusterSpec
 from smhvd_sim.jobs import HostProcess
 from smhvd_sim.system import wait_for
 
-REPO = Path(__file__).resolve().parents[1]
-MNIST_DIR = REPO / "examples" / "mnist"
 PYTHON = sys.executable  # the same interpreter (venv) on every host
 OURS, HVD_MPI, HVD_GLOO, TOOLKIT = "ours", "horovodrun (MPI)", "horovodrun --gloo", "toolkit 4.9.0"
 LAUNCHERS = (OURS, HVD_MPI, HVD_GLOO, TOOLKIT)
@@ -246,7 +246,7 @@ def measure_timing(cluster: Cluster, launcher: str, rows: dict[str, Row], work: 
 def measure_mnist(cluster: Cluster, launcher: str, rows: dict[str, Row], epochs: int, steps: int) -> None:
     args = {"epochs": str(epochs), "steps_per_epoch": str(steps)}
     for key, hosts, per_host in (("mnist1", 1, 2), ("mnist2", 2, 1)):
-        run = run_launcher(cluster, launcher, hosts, per_host, "train_mnist.py", args, 600.0, key)
+        run = run_launcher(cluster, launcher, hosts, per_host, MNIST_PROGRAM, args, 600.0, key)
         if run.timed_out or any(code != 0 for code in run.exits.values()):
             say(f"  {launcher} {key}: FAILED {run.exits} {run.notes}")
             continue
@@ -370,7 +370,7 @@ def main() -> int:
         if args.keep:
             say(f"work directory (kept): {workdir}")
         code = workdir / "code"
-        shutil.copytree(MNIST_DIR, code, ignore=shutil.ignore_patterns("__pycache__"))
+        mnist_code_dir(code)  # the example and benchmarks/mnist_measure.py (its timings in history.csv)
         write_job(code)
         (workdir / "sshd_config").write_text(SSHD_CONFIG)
         spec = ClusterSpec(
