@@ -13,7 +13,12 @@ maskrcnn-shapes: setup ## synthetic COCO shapes in build/shapes/{train,val} (for
 	$(PY) examples/maskrcnn/make_shapes.py --out build/shapes/val --n 16 --seed 2
 
 test-maskrcnn: setup ## the Mask R-CNN tests only (unit <1 min; np=2 integration ~6 min on 2 loaded cores)
-	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests/maskrcnn
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests/examples/maskrcnn
 
 bench-maskrcnn: setup ## CPU s/step (tiny, coco) and an overfit run to bbox AP >= 0.5 on shapes (~17 min)
 	$(PY) benchmarks/maskrcnn_bench.py $(MASKRCNN_BENCH_ARGS)
+
+.PHONY: bench-maskrcnn-input
+MASKRCNN_INPUT_ARGS ?=
+bench-maskrcnn-input: setup ## input pipeline alone (decode, resize, flip, masks, anchor targets) on real JPEGs: images/s per core, cores for 8 GPUs (~1 min)
+	$(PY) benchmarks/maskrcnn_input.py $(MASKRCNN_INPUT_ARGS)
