@@ -17,11 +17,12 @@ from typing import Any
 
 import cv2
 import numpy as np
+from numpy.typing import NDArray
 
 CATEGORIES = ("circle", "square", "triangle")
 
 
-def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> np.ndarray:
+def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> NDArray[Any]:
     corners = {"circle": 24, "square": 4, "triangle": 3}[kind]
     t = angle + np.arange(corners) * 2 * math.pi / corners
     return np.stack([cx + r * np.cos(t), cy + r * np.sin(t)], axis=1)
@@ -29,7 +30,7 @@ def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> np.ndar
 
 def make_image(
     rng: np.random.Generator, size: int, max_shapes: int
-) -> tuple[np.ndarray, list[dict[str, Any]]]:
+) -> tuple[NDArray[Any], list[dict[str, Any]]]:
     """One image (BGR uint8) and its objects: category index and polygon [x0, y0, x1, y1, ...]."""
     img = np.empty((size, size, 3), np.uint8)
     img[:] = rng.integers(0, 90, size=3)
@@ -60,7 +61,8 @@ def generate(out: Path, n: int, size: int = 128, seed: int = 0, max_shapes: int 
 
     rng = np.random.default_rng(seed)
     (out / "images").mkdir(parents=True, exist_ok=True)
-    images, annotations = [], []
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
     for i in range(n):
         img, objects = make_image(rng, size, max_shapes)
         name = f"{i:05d}.png"

@@ -26,20 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # the mrcnn package next to this script, whatever the working directory
-    sys.path.insert(0, str(HERE))
-
+# Python puts this script's directory first on sys.path (so does `python -m mpi4py`): the `mrcnn` package next
+# to it imports from any working directory. TensorFlow logs at import time: its log level is set before that.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ warnings drown the training log
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from mrcnn import data, dist, staged
+from mrcnn.config import Config, ConfigError, build_config, scaled_schedule, to_dict
+from mrcnn.data import DataError
+from mrcnn.weights import check_readable, pretrained_init
 
 tf1 = tf.compat.v1
-
-from mrcnn import data, dist, staged  # noqa: E402
-from mrcnn.config import Config, ConfigError, build_config, scaled_schedule, to_dict  # noqa: E402
-from mrcnn.data import DataError  # noqa: E402
-from mrcnn.weights import check_readable, pretrained_init  # noqa: E402
 
 MODEL_FILE = "model.npz"
 VAL_CHANNELS = ("val", "validation", "test")
@@ -210,7 +207,7 @@ def train_log_callback(images_per_step: int) -> Any:
     from tensorpack.callbacks import Callback
     from tensorpack.utils import logger
 
-    class _TrainLog(Callback):
+    class _TrainLog(Callback):  # type: ignore[misc]  # tensorpack has no type information: Callback is Any
         def _setup_graph(self) -> None:
             self._cost = tf1.get_default_graph().get_tensor_by_name("total_cost:0")
 
@@ -293,6 +290,10 @@ def train(cfg: Config, paths: Paths, world: dist.World, ds: data.Dataset) -> str
         starting_epoch=step // spe + 1,
         max_epoch=math.ceil(schedule.total_steps / spe),
     )
+    if world.size > 1 and not hasattr(tf, "global_variables"):
+        # Must stay: tensorpack 0.11's HorovodTrainer.initialize calls tf.global_variables(), which TF 2 has
+        # only as tf.compat.v1.global_variables, and no tensorpack option avoids the call.
+        tf.global_variables = tf1.global_variables
     trainer = HorovodTrainer(average=True) if world.size > 1 else SimpleTrainer()
     launch_train_with_config(config, trainer)
     final, _ = latest_checkpoint_step(paths.checkpoints) if world.is_chief else (None, 0)
@@ -379,8 +380,6 @@ def run(a: argparse.Namespace) -> int:
         raise UsageError("--eval-only needs validation data: --val-dir, a 'val' channel or <data-dir>/val")
     # Graph mode for tensorpack: process-wide, so only once the arguments are known to be good.
     tf1.disable_eager_execution()
-    if not hasattr(tf, "global_variables"):  # tensorpack's HorovodTrainer calls the TF1 name
-        tf.global_variables = tf1.global_variables
     world = dist.init_world()
     if world.is_chief:
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -389,7 +388,8 @@ def run(a: argparse.Namespace) -> int:
         if staging_report:
             logger.info(staging_report)
     else:
-        logger._logger.setLevel(logging.WARNING)  # one log: rank 0's
+        # One log, rank 0's: tensorpack.utils.logger logs through the standard logger named "tensorpack".
+        logging.getLogger("tensorpack").setLevel(logging.WARNING)
     model_file = paths.model / MODEL_FILE
     if train_ds is not None:
         final = train(cfg, paths, world, train_ds)

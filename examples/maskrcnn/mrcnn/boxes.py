@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from numpy.typing import NDArray
 
 # Largest log-scale change a decoded delta may apply (as in Detectron: avoids exp overflow early in training).
 MAX_LOG_SCALE = math.log(1000.0 / 16.0)
@@ -19,11 +21,12 @@ FPN_STRIDES = (4, 8, 16, 32, 64)
 
 
 # ----------------------------------------------------------------------------------------------------- numpy
-def np_area(boxes: np.ndarray) -> np.ndarray:
-    return np.clip(boxes[:, 2] - boxes[:, 0], 0, None) * np.clip(boxes[:, 3] - boxes[:, 1], 0, None)
+def np_area(boxes: NDArray[Any]) -> NDArray[Any]:
+    widths, heights = np.clip(boxes[:, 2] - boxes[:, 0], 0, None), np.clip(boxes[:, 3] - boxes[:, 1], 0, None)
+    return np.asarray(widths * heights)
 
 
-def np_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def np_iou(a: NDArray[Any], b: NDArray[Any]) -> NDArray[Any]:
     """Pairwise IoU, shape (len(a), len(b))."""
     x1 = np.maximum(a[:, None, 0], b[None, :, 0])
     y1 = np.maximum(a[:, None, 1], b[None, :, 1])
@@ -34,12 +37,14 @@ def np_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
 
 
-def np_encode(boxes: np.ndarray, refs: np.ndarray, weights: Sequence[float] = (1, 1, 1, 1)) -> np.ndarray:
+def np_encode(
+    boxes: NDArray[Any], refs: NDArray[Any], weights: Sequence[float] = (1, 1, 1, 1)
+) -> NDArray[Any]:
     """Deltas that turn `refs` into `boxes` (row by row)."""
     rw, rh = refs[:, 2] - refs[:, 0], refs[:, 3] - refs[:, 1]
     bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     wx, wy, ww, wh = weights
-    return np.stack(
+    deltas = np.stack(
         [
             wx * ((boxes[:, 0] + 0.5 * bw) - (refs[:, 0] + 0.5 * rw)) / rw,
             wy * ((boxes[:, 1] + 0.5 * bh) - (refs[:, 1] + 0.5 * rh)) / rh,
@@ -47,10 +52,13 @@ def np_encode(boxes: np.ndarray, refs: np.ndarray, weights: Sequence[float] = (1
             wh * np.log(bh / rh),
         ],
         axis=1,
-    ).astype(np.float32)
+    )
+    return np.asarray(deltas, np.float32)
 
 
-def np_decode(deltas: np.ndarray, refs: np.ndarray, weights: Sequence[float] = (1, 1, 1, 1)) -> np.ndarray:
+def np_decode(
+    deltas: NDArray[Any], refs: NDArray[Any], weights: Sequence[float] = (1, 1, 1, 1)
+) -> NDArray[Any]:
     rw, rh = refs[:, 2] - refs[:, 0], refs[:, 3] - refs[:, 1]
     cx, cy = refs[:, 0] + 0.5 * rw, refs[:, 1] + 0.5 * rh
     wx, wy, ww, wh = weights
@@ -58,12 +66,11 @@ def np_decode(deltas: np.ndarray, refs: np.ndarray, weights: Sequence[float] = (
     dh = np.minimum(deltas[:, 3] / wh, MAX_LOG_SCALE)
     ncx, ncy = cx + deltas[:, 0] / wx * rw, cy + deltas[:, 1] / wy * rh
     nw, nh = rw * np.exp(dw), rh * np.exp(dh)
-    return np.stack([ncx - 0.5 * nw, ncy - 0.5 * nh, ncx + 0.5 * nw, ncy + 0.5 * nh], axis=1).astype(
-        np.float32
-    )
+    decoded = np.stack([ncx - 0.5 * nw, ncy - 0.5 * nh, ncx + 0.5 * nw, ncy + 0.5 * nh], axis=1)
+    return np.asarray(decoded, np.float32)
 
 
-def np_nms(boxes: np.ndarray, scores: np.ndarray, iou: float) -> list[int]:
+def np_nms(boxes: NDArray[Any], scores: NDArray[Any], iou: float) -> list[int]:
     """Greedy NMS (reference implementation): indices kept, by decreasing score."""
     order = list(np.argsort(-scores, kind="stable"))
     keep: list[int] = []
@@ -74,7 +81,7 @@ def np_nms(boxes: np.ndarray, scores: np.ndarray, iou: float) -> list[int]:
     return keep
 
 
-def cell_anchors(size: float, ratios: Sequence[float]) -> np.ndarray:
+def cell_anchors(size: float, ratios: Sequence[float]) -> NDArray[Any]:
     """Anchors of one size and each aspect ratio (h/w), centred on the origin, shape (A, 4)."""
     out = []
     for r in ratios:
@@ -91,7 +98,7 @@ def level_shapes(padded_h: int, padded_w: int) -> list[tuple[int, int]]:
     return shapes
 
 
-def np_anchors(padded_h: int, padded_w: int, sizes: Sequence[int], ratios: Sequence[float]) -> np.ndarray:
+def np_anchors(padded_h: int, padded_w: int, sizes: Sequence[int], ratios: Sequence[float]) -> NDArray[Any]:
     """All anchors of all FPN levels in the graph's order (level, row, column, ratio), shape (N, 4)."""
     out = []
     for (fh, fw), stride, size in zip(level_shapes(padded_h, padded_w), FPN_STRIDES, sizes, strict=True):
@@ -101,7 +108,7 @@ def np_anchors(padded_h: int, padded_w: int, sizes: Sequence[int], ratios: Seque
     return np.concatenate(out, axis=0)
 
 
-def np_clip(boxes: np.ndarray, h: float, w: float) -> np.ndarray:
+def np_clip(boxes: NDArray[Any], h: float, w: float) -> NDArray[Any]:
     return np.stack(
         [
             np.clip(boxes[:, 0], 0, w),

@@ -11,6 +11,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+from numpy.typing import NDArray
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
@@ -109,8 +110,8 @@ class Record:
     path: str
     height: int
     width: int
-    boxes: np.ndarray  # (G, 4) x1 y1 x2 y2
-    classes: np.ndarray  # (G,) int64
+    boxes: NDArray[Any]  # (G, 4) x1 y1 x2 y2
+    classes: NDArray[Any]  # (G,) int64
     segmentations: tuple[Any, ...]  # polygons (list of lists) or RLE, per object
 
 
@@ -142,7 +143,7 @@ def records(ds: Dataset, with_empty: bool) -> list[Record]:
     return out
 
 
-def read_image(path: str) -> np.ndarray:
+def read_image(path: str) -> NDArray[Any]:
     """RGB uint8."""
     bgr = cv2.imread(path, cv2.IMREAD_COLOR)
     if bgr is None:
@@ -155,7 +156,7 @@ def resize_scale(h: int, w: int, short_edge: int, max_size: int) -> float:
     return min(short_edge / min(h, w), max_size / max(h, w))
 
 
-def resize(img: np.ndarray, scale: float) -> np.ndarray:
+def resize(img: NDArray[Any], scale: float) -> NDArray[Any]:
     h, w = img.shape[:2]
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
     return cv2.resize(img, size, interpolation=cv2.INTER_LINEAR)
@@ -165,24 +166,24 @@ def padded_size(h: int, w: int) -> tuple[int, int]:
     return (-(-h // 32) * 32, -(-w // 32) * 32)
 
 
-def rasterize(segmentation: Any, h0: int, w0: int, scale: float, out_hw: tuple[int, int]) -> np.ndarray:
+def rasterize(segmentation: Any, h0: int, w0: int, scale: float, out_hw: tuple[int, int]) -> NDArray[Any]:
     """A binary mask at the resized image size; polygons are scaled before rasterising (sharper)."""
     h, w = out_hw
     if isinstance(segmentation, list):
         polys = [list(np.asarray(p, np.float64) * scale) for p in segmentation if len(p) >= 6]
         if not polys:  # degenerate annotation: no area
             return np.zeros((h, w), np.uint8)
-        return mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(polys, h, w)))
+        return np.asarray(mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(polys, h, w))))
     rle = (
         segmentation
         if isinstance(segmentation["counts"], str)
         else mask_utils.frPyObjects(segmentation, h0, w0)
     )
-    m = mask_utils.decode(rle)
-    return cv2.resize(m, (w, h), interpolation=cv2.INTER_NEAREST)
+    m: NDArray[Any] = mask_utils.decode(rle)
+    return np.asarray(cv2.resize(m, (w, h), interpolation=cv2.INTER_NEAREST))
 
 
-def _subsample(labels: np.ndarray, value: int, limit: int, rng: np.random.Generator) -> None:
+def _subsample(labels: NDArray[Any], value: int, limit: int, rng: np.random.Generator) -> None:
     """Mark random anchors labelled `value` as ignored (-1) until at most `limit` remain."""
     idx = np.nonzero(labels == value)[0]
     if len(idx) > limit:
@@ -190,8 +191,8 @@ def _subsample(labels: np.ndarray, value: int, limit: int, rng: np.random.Genera
 
 
 def rpn_targets(
-    anchors: np.ndarray, gt: np.ndarray, cfg: Config, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
+    anchors: NDArray[Any], gt: NDArray[Any], cfg: Config, rng: np.random.Generator
+) -> tuple[NDArray[Any], NDArray[Any]]:
     """Anchor labels (1 fg, 0 bg, -1 ignored) sampled to cfg.rpn_batch_per_image, and box deltas (fg rows)."""
     labels = np.full(len(anchors), -1, np.int32)
     deltas = np.zeros((len(anchors), 4), np.float32)
@@ -213,7 +214,7 @@ def rpn_targets(
     return labels, deltas
 
 
-def train_example(rec: Record, cfg: Config, rng: np.random.Generator) -> list[np.ndarray] | None:
+def train_example(rec: Record, cfg: Config, rng: np.random.Generator) -> list[NDArray[Any]] | None:
     """One training datapoint: [image, anchor_labels, anchor_deltas, gt_boxes, gt_labels, gt_masks]."""
     img = read_image(rec.path)
     h0, w0 = img.shape[:2]
@@ -252,7 +253,7 @@ def train_dataflow(recs: list[Record], cfg: Config, rank: int, size: int) -> Any
     rng = np.random.default_rng(cfg.seed + 1000 * rank)
     ds = DataFromList(shard, shuffle=True)
 
-    def fn(rec: Record) -> list[np.ndarray] | None:
+    def fn(rec: Record) -> list[NDArray[Any]] | None:
         return train_example(rec, cfg, np.random.default_rng(rng.integers(1 << 62)))
 
     if cfg.data_workers > 1:

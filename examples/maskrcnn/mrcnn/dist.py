@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from numpy.typing import NDArray
 
 tf1 = tf.compat.v1
 MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE")
@@ -46,13 +47,16 @@ def init_world() -> World:
     return World(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd)
 
 
-def _run_collective(world: World, build: Any, feed_values: list[np.ndarray]) -> list[np.ndarray]:
+def _run_collective(world: World, build: Any, feed_values: list[NDArray[Any]]) -> list[NDArray[Any]]:
     with tf.Graph().as_default():
         placeholders = [tf1.placeholder(tf.as_dtype(v.dtype), [None]) for v in feed_values]
         outputs = build(placeholders)
         # CPU only: these tiny collectives must not claim GPU memory before training does.
         with tf1.Session(config=tf1.ConfigProto(device_count={"GPU": 0})) as sess:
-            return sess.run(outputs, feed_dict=dict(zip(placeholders, feed_values, strict=True)))
+            results: list[NDArray[Any]] = sess.run(
+                outputs, feed_dict=dict(zip(placeholders, feed_values, strict=True))
+            )
+            return results
 
 
 def broadcast_int(world: World, value: int) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+from numpy.typing import NDArray
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
@@ -21,7 +22,7 @@ from .data import read_image, resize, resize_scale
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 
 
-def paste_mask(mask: np.ndarray, box: np.ndarray, h: int, w: int, thresh: float = 0.5) -> np.ndarray:
+def paste_mask(mask: NDArray[Any], box: NDArray[Any], h: int, w: int, thresh: float = 0.5) -> NDArray[Any]:
     """Binary full-image mask from an R x R probability map covering `box` (inverse of ROIAlign's grid)."""
     out = np.zeros((h, w), np.uint8)
     x1, y1, x2, y2 = (float(v) for v in box)
@@ -40,10 +41,10 @@ def paste_mask(mask: np.ndarray, box: np.ndarray, h: int, w: int, thresh: float 
 
 def coco_results(
     image_id: int,
-    boxes: np.ndarray,
-    scores: np.ndarray,
-    labels: np.ndarray,
-    masks: np.ndarray | None,
+    boxes: NDArray[Any],
+    scores: NDArray[Any],
+    labels: NDArray[Any],
+    masks: NDArray[Any] | None,
     category_ids: Sequence[int],
 ) -> list[dict[str, Any]]:
     """COCO result entries; `labels` are 1-based contiguous classes, `masks` full-image binary (k, h, w)."""
@@ -66,7 +67,7 @@ def coco_results(
 
 def predict_image(
     predictor: Callable[..., Any], path: str, image_id: int, cfg: Config, category_ids: Sequence[int]
-):
+) -> list[dict[str, Any]]:
     """Run the model on one image file; results in the original image's coordinates."""
     img = read_image(path)
     h0, w0 = img.shape[:2]

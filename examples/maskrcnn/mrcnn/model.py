@@ -9,6 +9,7 @@ convshortcut, each with W and bn/{gamma,beta,mean/EMA,variance/EMA}), so a pretr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -56,7 +57,9 @@ def normalize(x: tf.Tensor, cfg: Config) -> tf.Tensor:
     return x
 
 
-def conv_norm(name: str, x: tf.Tensor, ch: int, k: int, cfg: Config, stride: int = 1, relu: bool = True):
+def conv_norm(
+    name: str, x: tf.Tensor, ch: int, k: int, cfg: Config, stride: int = 1, relu: bool = True
+) -> tf.Tensor:
     x = Conv2D(name, x, ch, k, strides=stride, use_bias=cfg.norm == "None", kernel_initializer=CONV_INIT)
     with tf1.variable_scope(name):  # reopened: the norm's variables live next to the conv's (name/bn/...)
         x = normalize(x, cfg)
@@ -129,7 +132,9 @@ def smooth_l1(x: tf.Tensor, beta: float) -> tf.Tensor:
     return tf.where(ax < beta, 0.5 * ax * ax / beta, ax - 0.5 * beta)
 
 
-def rpn_losses(logits: tf.Tensor, deltas: tf.Tensor, labels: tf.Tensor, targets: tf.Tensor):
+def rpn_losses(
+    logits: tf.Tensor, deltas: tf.Tensor, labels: tf.Tensor, targets: tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor]:
     valid = labels >= 0
     num_valid = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
     cls = tf.nn.sigmoid_cross_entropy_with_logits(
@@ -207,7 +212,9 @@ def multilevel_roi_align(features: Sequence[tf.Tensor], rois: tf.Tensor, size: i
 
 
 # ------------------------------------------------------------------------------------------------ heads
-def sample_rois(proposed: tf.Tensor, gt_boxes: tf.Tensor, gt_labels: tf.Tensor, cfg: Config):
+def sample_rois(
+    proposed: tf.Tensor, gt_boxes: tf.Tensor, gt_labels: tf.Tensor, cfg: Config
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """Training ROIs (proposals + ground truth): fg (IoU >= threshold) first, then bg; their labels, the
     ground-truth index of each fg ROI and the number of fg ROIs."""
     rois = tf.concat([proposed, gt_boxes], 0)
@@ -224,7 +231,9 @@ def sample_rois(proposed: tf.Tensor, gt_boxes: tf.Tensor, gt_labels: tf.Tensor, 
     return tf.stop_gradient(tf.gather(rois, idx)), tf.stop_gradient(labels), fg_gt, num_fg
 
 
-def box_head(features: Sequence[tf.Tensor], rois: tf.Tensor, cfg: Config, num_classes: int):
+def box_head(
+    features: Sequence[tf.Tensor], rois: tf.Tensor, cfg: Config, num_classes: int
+) -> tuple[tf.Tensor, tf.Tensor]:
     """Class logits (n, K) and class-specific box deltas (n, K, 4) for K = classes + background."""
     x = multilevel_roi_align(features, rois, 7)
     with tf1.variable_scope("fastrcnn", reuse=tf1.AUTO_REUSE):
@@ -241,7 +250,7 @@ def box_head(features: Sequence[tf.Tensor], rois: tf.Tensor, cfg: Config, num_cl
 
 def mask_head(
     features: Sequence[tf.Tensor], rois: tf.Tensor, classes: tf.Tensor, cfg: Config, num_classes: int
-):
+) -> tf.Tensor:
     """Mask logits (n, R, R) of each ROI for its class (1-based)."""
     x = multilevel_roi_align(features, rois, cfg.mask_resolution // 2)
     with tf1.variable_scope("maskrcnn", reuse=tf1.AUTO_REUSE):
@@ -286,13 +295,13 @@ def detections(
 
 
 # ------------------------------------------------------------------------------------------------ model
-class MaskRCNN(ModelDesc):
+class MaskRCNN(ModelDesc):  # type: ignore[misc]  # tensorpack has no type information: its classes are Any
     def __init__(self, cfg: Config, num_classes: int, schedule: Schedule | None = None) -> None:
         self.cfg = cfg
         self.num_classes = num_classes
         self.schedule = schedule
 
-    def inputs(self):
+    def inputs(self) -> list[tf.TensorSpec]:
         return [
             tf.TensorSpec((None, None, 3), tf.float32, "image"),  # RGB 0..255, unpadded
             tf.TensorSpec((None,), tf.int32, "anchor_labels"),
@@ -302,7 +311,15 @@ class MaskRCNN(ModelDesc):
             tf.TensorSpec((None, None, None), tf.uint8, "gt_masks"),
         ]
 
-    def build_graph(self, image, anchor_labels, anchor_deltas, gt_boxes, gt_labels, gt_masks):
+    def build_graph(
+        self,
+        image: tf.Tensor,
+        anchor_labels: tf.Tensor,
+        anchor_deltas: tf.Tensor,
+        gt_boxes: tf.Tensor,
+        gt_labels: tf.Tensor,
+        gt_masks: tf.Tensor,
+    ) -> tf.Tensor:
         cfg = self.cfg
         training = get_current_tower_context().is_training
         hw = tf.shape(image)[:2]
@@ -376,7 +393,7 @@ class MaskRCNN(ModelDesc):
         add_moving_summary(rpn_cls, rpn_box, frcnn_cls, frcnn_box, mask_loss, wd, total, fg_fraction)
         return total
 
-    def optimizer(self):
+    def optimizer(self) -> Any:  # a tf.compat.v1.train.Optimizer
         if self.schedule is None:
             raise ValueError("MaskRCNN.optimizer needs a schedule")
         s, cfg = self.schedule, self.cfg

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .data import DataError
 
@@ -25,7 +26,7 @@ def canonical(name: str) -> str:
     return name[:-2] if name.endswith(":0") else name
 
 
-def read_npz(path: Path) -> dict[str, np.ndarray]:
+def read_npz(path: Path) -> dict[str, NDArray[Any]]:
     """Every array of the file by canonical name; a file NumPy cannot read is a DataError naming it."""
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -110,7 +111,7 @@ def pretrained_init(path: Path, log: Callable[[str], None]) -> Any:
 
     arrays = read_npz(path)
 
-    class _PretrainedInit(SessionInit):  # type: ignore[misc]
+    class _PretrainedInit(SessionInit):  # type: ignore[misc]  # tensorpack has no type information: Any
         def _run_init(self, sess: Any) -> None:
             variables = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
             model = {
