@@ -3,8 +3,8 @@ watershed, thresholding and GrabCut; polygons, RLE, a crowd region, a grayscale 
 annotations) staged with `smhvd-stage-coco` to a real S3-compatible server, downloaded back as SageMaker
 downloads File-mode channels, trained through `train` at 2 processes and evaluated with COCOeval.
 
-200 steps of the tiny preset (about 70 s here) reached bbox AP 0.35-0.42 (AP50 0.66-0.70), segm AP
-0.28-0.36 in two runs on the 4 validation images, which are crops of the training photos: a check that the
+200 steps of the tiny preset (35-70 s here) reached bbox AP 0.14-0.42 (AP50 0.32-0.70), segm AP
+0.09-0.36 in three runs on the 4 validation images, which are crops of the training photos: a check that the
 real-image path learns, not a measure of generalisation."""
 
 from __future__ import annotations
@@ -157,4 +157,4 @@ def test_real_photos_staged_downloaded_trained_and_evaluated(photos: Path, s3_po
         ev.accumulate()
         ev.summarize()
     assert ev.stats[0] == pytest.approx(metrics["bbox"]["AP"])
-    assert metrics["bbox"]["AP50"] >= 0.2, metrics["bbox"]  # seen: 0.66, 0.70
+    assert metrics["bbox"]["AP50"] >= 0.1, metrics["bbox"]  # seen: 0.32, 0.66, 0.70; a broken path gives ~0
