@@ -41,9 +41,10 @@ lint: setup ## ruff, mypy (strict), shellcheck, hadolint
 	$(VENV)/bin/hadolint $(wildcard docker/Dockerfile*)
 
 # Each example directory is its own import root (scripts import their sibling modules), so one mypy run each.
-typecheck: setup ## mypy (strict) on the launcher, the staging command, the dev tools and the MNIST example
+typecheck: setup ## mypy (strict) on the launcher, the staging command, the dev tools and the examples
 	$(VENV)/bin/mypy src/smhvd src/smhvd_stage dev/smhvd_sim dev/smhvd_dev
 	$(VENV)/bin/mypy examples/mnist
+	$(VENV)/bin/mypy examples/maskrcnn
 
 bench-launcher: setup ## launcher overhead: train start -> rank 0 start, script end -> train exit (np=2, one host)
 	$(PY) benchmarks/launcher_overhead.py
