@@ -135,7 +135,7 @@ def _run_role(
             return conclude(job, outcome)[0]
         if job.is_leader:
             return run_leader(job, program, env, run_dir, source.code_dir, started_at)
-        if not job.runs_mpi_here:  # a host outside the distribution instance groups (hetero.py)
+        if not job.runs_mpi_here:  # outside the distribution instance groups (config/instance_groups.py)
             log.info("%s is outside the MPI instance groups: running %s once", host, source.program)
             return run_worker(job, run_dir, env, outside=(program, source.code_dir))
         return run_worker(job, run_dir, env)

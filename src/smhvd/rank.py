@@ -1,7 +1,7 @@
 """The rank wrapper: `python -m smhvd.rank -- PROGRAM ARGS`, or under mpirun `python -m smhvd.rank` with the
 argv in SMHVD_RANK_ARGV (so that no user value is ever parsed by mpirun); started by mpirun for every rank.
 
-- Takes this host's own environment from its `train` (hostenv.py): the container's variables and its own
+- Takes this host's own environment from its `train` (roles/hostenv.py): the container's variables and its own
   SM_* values (mpirun forwards the leader's), so each rank sees its own SM_CURRENT_HOST and what SageMaker
   set in its container.
 - Streams the program's stderr through unchanged and keeps its tail; when the program fails, prints one
@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, MutableMapping
 
 from smhvd.errors import LauncherError
-from smhvd.proc.processes import become_subreaper, kill_descendants, rank_program_preexec
+from smhvd.proc.processes import become_subreaper, drain_pipe, kill_descendants, rank_program_preexec
 from smhvd.report.failure import RankFailure
 from smhvd.report.summary import RankStart
 from smhvd.roles import hostenv
@@ -35,14 +35,13 @@ from smhvd.roles.sshd import ssh_port
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 TAIL_BYTES = 8192
-# The program's argv under mpirun (JSON, from leader.mpirun_rank_command): never on mpirun's command line.
+# The program's argv under mpirun (JSON, from roles/leader.mpirun_rank_command), never on its command line.
 RANK_ARGV = "SMHVD_RANK_ARGV"
-DRAIN_LIMIT = 1 << 20  # after the program exited: at most this much of what is already in its stderr pipe
 
 
 def local_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment for the program on this host: what mpirun forwarded, merged with the environment this
-    host's own `train` serves (its container's variables and its own SM_* values; see hostenv.py)."""
+    host's own `train` serves (its container's variables and its own SM_* values; see roles/hostenv.py)."""
     try:
         served = hostenv.fetch(ssh_port(env))
     except (LauncherError, OSError) as exc:
@@ -79,12 +78,7 @@ def stderr_until_exit(proc: subprocess.Popen[bytes]) -> Iterator[bytes]:
                     break
     finally:
         os.close(exited)
-    os.set_blocking(fd, False)
-    drained = 0
-    with contextlib.suppress(BlockingIOError):
-        while drained < DRAIN_LIMIT and (chunk := os.read(fd, 65536)):
-            drained += len(chunk)
-            yield chunk
+    yield from drain_pipe(fd)
 
 
 def run(program: list[str]) -> int:

@@ -95,21 +95,22 @@ def load_job(paths: SageMakerPaths, hardware: Hardware | None = None) -> Job:
         read_json(paths.hyperparameters, required=False), str(paths.hyperparameters)
     )
     reserved, user = split_hyperparameters(decode_hyperparameters(raw_hps))
-    options = parse_launcher_options(reserved)
+    resources_dict = raw_resources if isinstance(raw_resources, dict) else {}
     job = Job(
         paths=paths,
         resources=resources,
         channels=channels,
-        raw_resources=raw_resources if isinstance(raw_resources, dict) else {},
+        raw_resources=resources_dict,
         raw_input_data=raw_input if isinstance(raw_input, dict) else {},
         user_hyperparameters=user,
-        options=options,
+        options=parse_launcher_options(reserved),
         hardware=hardware or Hardware(cpus=num_cpus(), gpus=num_gpus()),
-        placement=placement(resources, raw_resources if isinstance(raw_resources, dict) else {}, reserved),
+        placement=placement(resources, resources_dict, reserved),
     )
+    interfaces = interface_names() if job.multi_host else set()
     if job.multi_host and job.options.mpi.enabled:
-        job = with_usable_interface(job, interface_names(), route_interface)
-    validate_job(job, interface_names() if job.multi_host else set())
+        job = with_usable_interface(job, interfaces, route_interface)
+    validate_job(job, interfaces)
     return job
 
 

@@ -11,9 +11,10 @@ import contextlib
 import ctypes
 import os
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
+DRAIN_LIMIT = 1 << 20  # after a program exited: at most this much of what is already in its output pipe
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_PTRACER = 0x59616D61  # Yama
@@ -48,16 +49,19 @@ def read_process_table(proc: Path = Path("/proc")) -> dict[int, tuple[int, str]]
     """pid -> (parent pid, state letter) for every visible process."""
     table: dict[int, tuple[int, str]] = {}
     for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name is in parentheses and may contain spaces: split after the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        table[int(entry.name)] = (int(fields[1]), fields[0])
+        if entry.name.isdigit() and (fields := _stat_fields(entry / "stat")):
+            table[int(entry.name)] = (int(fields[1]), fields[0])
     return table
+
+
+def _stat_fields(stat_file: Path) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ...); empty once it is gone."""
+    try:
+        stat = stat_file.read_text()
+    except OSError:
+        return []
+    # The command name is in parentheses and may contain spaces: split after the last ')'.
+    return stat[stat.rfind(")") + 2 :].split()
 
 
 def descendants_of(root: int, table: Mapping[int, tuple[int, str]]) -> list[int]:
@@ -98,11 +102,8 @@ def cmdline(pid: int) -> list[str]:
 
 def is_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :].split()[0] != "Z"
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return bool(fields) and fields[0] != "Z"
 
 
 def children_of(pid: int) -> list[int]:
@@ -148,3 +149,14 @@ def kill_descendants(root: int | None = None) -> None:
     """SIGKILL every descendant: what is left when a role ends must not outlive it."""
     signal_pids(reversed(descendants(root)), signal.SIGKILL)
     reap_orphans(())
+
+
+def drain_pipe(fd: int) -> Iterator[bytes]:
+    """What is already in the pipe `fd` once its writer exited, bounded: a process the writer left behind may
+    hold the pipe open and keep writing."""
+    os.set_blocking(fd, False)
+    drained = 0
+    with contextlib.suppress(BlockingIOError):
+        while drained < DRAIN_LIMIT and (chunk := os.read(fd, 65536)):
+            drained += len(chunk)
+            yield chunk

@@ -25,7 +25,7 @@ from pathlib import Path
 from smhvd import link
 from smhvd.errors import EX_MPI_ABORT
 from smhvd.mpi.output import StderrFilter
-from smhvd.proc.processes import descendants, die_with_parent, is_rank_wrapper, signal_pids
+from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_rank_wrapper, signal_pids
 from smhvd.proc.signals import SignalWatch
 
 log = logging.getLogger("smhvd")
@@ -34,7 +34,6 @@ KILL_GRACE = 3.0
 # On a stop, the dump may hold up the loop (and the heartbeats to workers, which give up after 10 s of
 # silence) this long before the ranks are stopped.
 STOP_DUMP_WAIT = 8.0  # ... and SIGKILL (with whatever it left on this host) this long after that
-DRAIN_LIMIT = 1 << 20  # after the command exited: at most this much of what is already in its stderr pipe
 
 
 @dataclass
@@ -157,12 +156,8 @@ def _on_signals(
 
 def _drain(fd: int, output: StderrFilter) -> None:
     """Pass on what is already in the pipe (bounded: a leftover process may keep writing)."""
-    os.set_blocking(fd, False)
-    drained = 0
-    with contextlib.suppress(BlockingIOError):
-        while drained < DRAIN_LIMIT and (data := os.read(fd, 65536)):
-            drained += len(data)
-            os.write(2, output.feed(data))
+    for data in drain_pipe(fd):
+        os.write(2, output.feed(data))
 
 
 def session_dirs(pid: int, env: Mapping[str, str]) -> list[Path]:

@@ -197,7 +197,8 @@ def dump_here(host: str, output_data_dir: Path, reason: str) -> None:
 
 
 class OutsideScript:
-    """The entry point run once on a host outside the MPI instance groups (hetero.py), as the toolkit does."""
+    """The entry point run once on a host outside the MPI instance groups (config/instance_groups.py), as the
+    toolkit does."""
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str], cwd: Path, host: str) -> None:
         self.host = host
@@ -238,7 +239,7 @@ def run_worker(
     rank_env: Mapping[str, str],
     outside: tuple[Sequence[str], Path] | None = None,
 ) -> int:
-    """`rank_env`: what this host's ranks get (its container's variables, its SM_* values), see hostenv.py.
+    """`rank_env`: what this host's ranks get (its container's variables, its SM_* values; roles/hostenv.py).
     `outside`: (command, cwd) of the script a host outside the MPI instance groups runs once."""
     port = ssh_port(os.environ)
     leader = job.leader
