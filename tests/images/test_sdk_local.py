@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from support.s3 import s3_client
+
 from .helpers import REPO, WORK, BuiltImage, in_ci, record_timing, stop, wait_until
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -158,15 +160,7 @@ def test_sdk_v2_local_mode_trains_mnist_with_code_in_s3(
     job = str(result["job_name"])
     assert result["model_data"] == f"s3://smhvd-sdk-local/output/{job}/output/model.tar.gz"
     # The code went through S3: the SDK uploaded source_dir as sourcedir.tar.gz with the entry point in it.
-    import boto3
-
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    s3 = s3_client(s3_endpoint)
     key = f"code/{job}/source/sourcedir.tar.gz"
     body = s3.get_object(Bucket="smhvd-sdk-local", Key=key)["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:

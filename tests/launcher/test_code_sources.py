@@ -5,6 +5,8 @@ import tarfile
 
 import pytest
 
+from support.s3 import s3_client
+
 pytestmark = pytest.mark.integration
 
 SCRIPT = b"import os; open(os.path.join(os.environ['SM_MODEL_DIR'], 'done'), 'w').write('ok')\n"
@@ -37,15 +39,7 @@ def s3_env(s3_server):
 
 
 def upload(env, bucket, key, data):
-    import boto3
-
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    s3 = s3_client(env["AWS_ENDPOINT_URL_S3"])
     s3.create_bucket(Bucket=bucket)
     s3.put_object(Bucket=bucket, Key=key, Body=data)
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from smhvd.proc.waiting import wait_until
+from support.s3 import endpoint, s3_client, stage_coco
 
 pytestmark = pytest.mark.integration
 
@@ -30,20 +31,8 @@ def s3_server(s3_port):
     return s3_port
 
 
-def endpoint(port: int) -> str:
-    return f"http://127.0.0.1:{port}"
-
-
 def s3(port: int):
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint(port),
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    return s3_client(endpoint(port))
 
 
 _buckets = iter(range(1000))
@@ -116,19 +105,7 @@ def expected_keys(prefix: str, n_train: int = 6) -> set[str]:
 
 
 def stage(tmp_path, *args: str, port: int | None, creds: bool = True, timeout: float = 60):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env |= {
-        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    if port is not None:
-        env["AWS_ENDPOINT_URL_S3"] = endpoint(port)
-    if creds:
-        env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    argv = [sys.executable, "-m", "smhvd_stage.coco", *args, "--checksum-cache", str(tmp_path / "md5.json")]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return stage_coco(tmp_path, *args, port=port, creds=creds, timeout=timeout)
 
 
 def one_error_line(result, code: int) -> str:

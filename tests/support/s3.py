@@ -1,12 +1,15 @@
-"""A real S3-compatible server (moto) on loopback, for the tests that need S3."""
+"""A real S3-compatible server (moto) on loopback for the tests that need S3, a client of it, and the staging
+command run against it."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,3 +39,40 @@ def s3_port() -> Iterator[int]:
     finally:
         server.terminate()
         server.wait()
+
+
+def endpoint(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def s3_client(endpoint_url: str) -> Any:
+    """A boto3 S3 client of the test server (moto accepts any keys)."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def stage_coco(
+    scratch: Path, *args: str, port: int | None, creds: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`smhvd-stage-coco ARGS` as a user runs it: endpoint and keys from the environment, none of this
+    machine's AWS configuration; its checksum cache in `scratch`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {
+        "AWS_CONFIG_FILE": str(scratch / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(scratch / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    if port is not None:
+        env["AWS_ENDPOINT_URL_S3"] = endpoint(port)
+    if creds:
+        env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    argv = [sys.executable, "-m", "smhvd_stage.coco", *args, "--checksum-cache", str(scratch / "md5.json")]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)

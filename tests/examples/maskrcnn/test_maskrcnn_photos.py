@@ -14,9 +14,6 @@ import contextlib
 import io
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +26,12 @@ from pycocotools.cocoeval import COCOeval
 
 from smhvd.config.paths import SageMakerPaths
 from smhvd_dev.mltree import write_ml_tree
+from support.s3 import endpoint, s3_client, stage_coco
 
 from .conftest import SCRIPT_DIR, run_train
 
 pytestmark = pytest.mark.integration
 
-STAGE = Path(sys.executable).parent / "smhvd-stage-coco"
 BUCKET = "photos"
 
 
@@ -43,33 +40,6 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("photos") / "coco"
     generate(root)
     return root
-
-
-def s3_client(port: int) -> Any:
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=f"http://127.0.0.1:{port}",
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-
-
-def stage(source: Path, destination: str, port: int, scratch: Path) -> subprocess.CompletedProcess[str]:
-    """`smhvd-stage-coco` as a user runs it, with the endpoint and keys from the environment."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {
-        "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": str(scratch / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(scratch / "no-aws-credentials"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    argv = [str(STAGE), str(source), destination, "--checksum-cache", str(scratch / "md5.json")]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 def download_channels(client: Any, inputs: dict[str, str], paths: SageMakerPaths) -> dict[str, Path]:
@@ -97,9 +67,9 @@ def counts(annotation_file: Path) -> str:
 
 
 def test_real_photos_staged_downloaded_trained_and_evaluated(photos: Path, s3_port: int, tmp_path: Path):
-    client = s3_client(s3_port)
+    client = s3_client(endpoint(s3_port))
     client.create_bucket(Bucket=BUCKET)
-    staged = stage(photos, f"s3://{BUCKET}/coco2017", s3_port, tmp_path)
+    staged = stage_coco(tmp_path, str(photos), f"s3://{BUCKET}/coco2017", port=s3_port, timeout=120)
     assert staged.returncode == 0, staged.stderr
     for split in ("train", "val"):
         assert f"{split}: {counts(photos / 'annotations' / f'instances_{split}2017.json')}" in staged.stderr

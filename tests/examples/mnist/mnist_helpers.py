@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from smhvd.config.paths import SageMakerPaths
+
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT_DIR = REPO / "examples" / "mnist"
 SCRIPT = SCRIPT_DIR / "train_mnist.py"
@@ -20,22 +22,12 @@ RUN_TIMEOUT = 420  # seconds for one training run on a loaded 2-core machine (th
 
 
 @dataclass(frozen=True)
-class Job:
-    """Directories of one run, laid out as SageMaker lays out /opt/ml."""
-
-    root: Path
+class Job(SageMakerPaths):
+    """Directories of one run, laid out as SageMaker lays out /opt/ml (the launcher's own layout)."""
 
     @property
-    def model_dir(self) -> Path:
-        return self.root / "model"
-
-    @property
-    def output_data_dir(self) -> Path:
-        return self.root / "output" / "data"
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.root / "checkpoints"
+    def root(self) -> Path:
+        return self.base
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The caller's environment without SM_* variables (none leak from a real job), rooted at this job."""
