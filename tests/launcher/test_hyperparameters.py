@@ -67,6 +67,23 @@ def test_script_args_follow_the_toolkit_format():
     ]
     assert to_env_value("text") == "text"
     assert to_env_value([1, 2]) == "[1,2]"
+
+
+def test_a_list_is_one_argument_per_item():
+    """tensorpack's `--config A=1 B=2` (argparse nargs='+') from {"config": ["A=1", "B=2"]}: the toolkit's
+    str(list) would reach the script as one unusable argument."""
+    assert to_script_args({"config": ["TRAINER=horovod", "MODE_MASK=True"], "n": 1}) == [
+        "--config",
+        "TRAINER=horovod",
+        "MODE_MASK=True",
+        "-n",
+        "1",
+    ]
+    # scalars as the toolkit formats them; a nested list or object stays one argument, as JSON
+    assert to_script_args({"xs": [1, 0.5, True, None, "a b", [1, 2], {"k": "v"}]}) == [
+        "--xs", "1", "0.5", "True", "", "a b", "[1,2]", '{"k":"v"}',
+    ]  # fmt: skip
+    assert to_script_args({"empty": []}) == ["--empty"]
     assert to_env_value(True) == "true"
 
 

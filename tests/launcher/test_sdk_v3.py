@@ -46,6 +46,8 @@ HYPERPARAMETERS_JSON = (
 # what v3's drivers pass the script for them (common.utils.hyperparameters_to_cli_args)
 V3_CLI_ARGS = ["--epochs", "1", "--lr", "0.1", "--name", "x y", "--flag", "true", "--d", '{"a": 1}']
 V3_CLI_ARGS += ["--n", "null", "--l", '[1, "a"]']
+# what this launcher passes: the same, but a list is one argument per item (argparse nargs='+')
+CLI_ARGS = [*V3_CLI_ARGS[:-1], "1", "a"]
 
 
 def test_source_code_as_v3_writes_it():
@@ -104,10 +106,13 @@ def test_bad_source_code_names_file_and_key(data, key):
     assert err.value.source == "/x/sourcecode.json" and err.value.key == key
 
 
-def test_script_args_as_v3_drivers_make_them():
+def test_script_args_as_v3_drivers_make_them_but_a_list_is_one_argument_per_item():
     raw = json.loads(HYPERPARAMETERS_JSON)
     _, user = split_hyperparameters(decode_hyperparameters(raw))
-    assert sdk_v3.script_args(user) == V3_CLI_ARGS
+    assert sdk_v3.script_args(user) == CLI_ARGS
+    # tensorpack's --config as a v3 hyperparameter: a list of KEY=VALUE strings (v3 writes it as JSON text)
+    listed = decode_hyperparameters({"config": json.dumps(["TRAINER=horovod", "MODE_MASK=True"])})
+    assert sdk_v3.script_args(listed) == ["--config", "TRAINER=horovod", "MODE_MASK=True"]
 
 
 def write_v3_tree(
@@ -256,7 +261,7 @@ def test_train_runs_a_v3_job_without_distributed(tmp_path):
     (paths.channel_dir("code") / "requirements.txt").write_text("no-such-package-smhvd==0\n")  # not asked for
     assert main(["--base-dir", str(paths.base)]) == 0
     run = json.loads((paths.output_data_dir / "run.json").read_text())
-    assert run["argv"] == V3_CLI_ARGS
+    assert run["argv"] == CLI_ARGS
     assert run["cwd"] == str(paths.channel_dir("code"))
     assert run["env"] == {
         "SM_ENTRY_SCRIPT": "rec.py",

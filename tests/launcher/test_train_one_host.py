@@ -28,7 +28,13 @@ RECORDER = """
 def test_two_ranks_each_record_their_environment(train_job):
     job = train_job(
         RECORDER,
-        {"sagemaker_mpi_num_of_processes_per_host": 2, "epochs": 3, "name": "a b"},
+        # a list is one argument per item: tensorpack's `--config` (argparse nargs='+') takes it so
+        {
+            "sagemaker_mpi_num_of_processes_per_host": 2,
+            "epochs": 3,
+            "name": "a b",
+            "config": ["A=1", "B=x y"],
+        },
         channels={"train": None},
     )
     result = job.run(env={"AWS_SECRET_ACCESS_KEY": "do-not-leak"})
@@ -44,7 +50,7 @@ def test_two_ranks_each_record_their_environment(train_job):
             "SM_CHANNEL_TRAIN": str(job.paths.channel_dir("train")),
             "SM_HP_EPOCHS": "3",
             "SM_NUM_CPUS": str(len(os.sched_getaffinity(0))),
-            "argv": ["--epochs", "3", "--name", "a b"],
+            "argv": ["--config", "A=1", "B=x y", "--epochs", "3", "--name", "a b"],
             "cwd": str(job.code),
             "size": "2",
             "secret": None,

@@ -3,13 +3,15 @@
 The SageMaker Python SDK JSON-encodes every value ("2", "true", "\\"text\\""). A value that is not valid JSON
 is kept as the raw string, as the sagemaker-training toolkit does, so hand-written files work too.
 Script arguments follow the toolkit's format so that scripts written for it run unchanged:
-sorted keys, `--key value` (`-k value` for one-letter keys), dicts as `k=v,k=v`.
+sorted keys, `--key value` (`-k value` for one-letter keys), dicts as `k=v,k=v`. One departure: a list is
+several arguments, `{"config": ["A=1", "B=2"]}` -> `--config A=1 B=2`, what an argparse option with
+`nargs='+'` (tensorpack's `--config`) takes; the toolkit passes `str(list)`, which no script can parse.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from smhvd.config.sagemaker_files import shown_key
 from smhvd.errors import ConfigError
@@ -110,10 +112,24 @@ def format_value(value: object) -> str:
     return str(value)
 
 
+def list_item(item: object, scalar: Callable[[object], str]) -> str:
+    """One argument of a list value: scalars as `scalar` formats them, a nested list or object as JSON."""
+    if isinstance(item, list | Mapping):
+        return json.dumps(item, sort_keys=True, separators=(",", ":"))
+    return scalar(item)
+
+
+def option_args(flag: str, value: object, scalar: Callable[[object], str]) -> list[str]:
+    """`flag value`, or `flag item item ...` for a list (an empty list leaves the flag alone)."""
+    if isinstance(value, list):
+        return [flag, *(list_item(item, scalar) for item in value)]
+    return [flag, scalar(value)]
+
+
 def to_script_args(user: Mapping[str, object]) -> list[str]:
     args: list[str] = []
     for key in sorted(user):
-        args += [f"--{key}" if len(key) > 1 else f"-{key}", format_value(user[key])]
+        args += option_args(f"--{key}" if len(key) > 1 else f"-{key}", user[key], format_value)
     return args
 
 

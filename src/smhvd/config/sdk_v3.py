@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal, NoReturn
 
+from smhvd.config.hyperparameters import option_args
 from smhvd.config.job import Job
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import read_json
@@ -172,11 +173,16 @@ def apply(job: Job, v3: V3Job) -> Job:
 
 
 def script_args(user_hyperparameters: Mapping[str, object]) -> list[str]:
-    """The script's arguments as v3's drivers make them: `--key value` in file order, non-strings as JSON."""
+    """The script's arguments as v3's drivers make them: `--key value` in file order, non-strings as JSON;
+    a list is `--key item item ...`, as for SDK v2 (v3's drivers pass its JSON, one argument)."""
     args: list[str] = []
     for key, value in user_hyperparameters.items():
-        args += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+        args += option_args(f"--{key}", value, _v3_scalar)
     return args
+
+
+def _v3_scalar(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def env(v3: V3Job, job: Job) -> dict[str, str]:
