@@ -99,11 +99,14 @@ def level_shapes(padded_h: int, padded_w: int) -> list[tuple[int, int]]:
 
 
 def np_anchors(padded_h: int, padded_w: int, sizes: Sequence[int], ratios: Sequence[float]) -> NDArray[Any]:
-    """All anchors of all FPN levels in the graph's order (level, row, column, ratio), shape (N, 4)."""
+    """All anchors of all FPN levels in the graph's order (level, row, column, ratio), shape (N, 4).
+
+    The anchor of cell (i, j) on a level of stride s is centred at (j * s, i * s), as in tensorpack's
+    FasterRCNN example (model_rpn.get_all_anchors), whose published COCO models were trained so."""
     out = []
     for (fh, fw), stride, size in zip(level_shapes(padded_h, padded_w), FPN_STRIDES, sizes, strict=True):
         ys, xs = np.meshgrid(np.arange(fh), np.arange(fw), indexing="ij")
-        centres = (np.stack([xs, ys, xs, ys], axis=-1).astype(np.float32) + 0.5) * stride  # (fh, fw, 4)
+        centres = np.stack([xs, ys, xs, ys], axis=-1).astype(np.float32) * stride  # (fh, fw, 4)
         out.append((centres[:, :, None, :] + cell_anchors(size, ratios)[None, None]).reshape(-1, 4))
     return np.concatenate(out, axis=0)
 
@@ -175,8 +178,8 @@ def tf_clip(boxes: tf.Tensor, hw: tf.Tensor) -> tf.Tensor:
 
 def tf_level_anchors(feature_hw: tf.Tensor, stride: int, size: float, ratios: Sequence[float]) -> tf.Tensor:
     """Anchors of one level for a feature map of dynamic shape feature_hw = [h, w]: (h*w*A, 4)."""
-    ys = (tf.cast(tf.range(feature_hw[0]), tf.float32) + 0.5) * stride
-    xs = (tf.cast(tf.range(feature_hw[1]), tf.float32) + 0.5) * stride
+    ys = tf.cast(tf.range(feature_hw[0]), tf.float32) * stride
+    xs = tf.cast(tf.range(feature_hw[1]), tf.float32) * stride
     gy, gx = tf.meshgrid(ys, xs, indexing="ij")
     centres = tf.stack([gx, gy, gx, gy], axis=-1)  # (h, w, 4)
     anchors = tf.expand_dims(centres, 2) + tf.constant(cell_anchors(size, ratios))[None, None]

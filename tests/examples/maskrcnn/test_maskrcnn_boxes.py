@@ -74,9 +74,10 @@ def test_anchors_cover_every_level_cell_with_the_configured_shapes() -> None:
     shapes = B.level_shapes(96, 128)
     assert shapes == [(24, 32), (12, 16), (6, 8), (3, 4), (2, 2)]
     assert len(anchors) == sum(h * w for h, w in shapes) * len(ratios)
-    # First level: cell (row 0, col 1) is the second group of A anchors, centred at (1.5, 0.5) * stride 4.
+    # First level: cell (row 0, col 1) is the second group of A anchors, centred at (1, 0) * stride 4
+    # (tensorpack's convention: cell (i, j) at (j, i) * stride, not at the cell's centre).
     cell = anchors[3:6]
-    np.testing.assert_allclose((cell[:, :2] + cell[:, 2:]) / 2, [[6.0, 2.0]] * 3)
+    np.testing.assert_allclose((cell[:, :2] + cell[:, 2:]) / 2, [[4.0, 0.0]] * 3)
     w, h = cell[:, 2] - cell[:, 0], cell[:, 3] - cell[:, 1]
     np.testing.assert_allclose(np.sqrt(w * h), 16.0, rtol=1e-5)
     np.testing.assert_allclose(h / w, ratios, rtol=1e-5)
@@ -85,7 +86,7 @@ def test_anchors_cover_every_level_cell_with_the_configured_shapes() -> None:
     np.testing.assert_allclose(
         np.sqrt((last[:, 2] - last[:, 0]) * (last[:, 3] - last[:, 1])), 256.0, rtol=1e-5
     )
-    np.testing.assert_allclose((last[:, :2] + last[:, 2:]) / 2, [[96.0, 96.0]] * 3)
+    np.testing.assert_allclose((last[:, :2] + last[:, 2:]) / 2, [[64.0, 64.0]] * 3)
 
 
 def test_graph_anchors_equal_numpy_anchors() -> None:
