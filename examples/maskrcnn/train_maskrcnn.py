@@ -34,7 +34,7 @@ import tensorflow as tf
 from mrcnn import data, dist, staged
 from mrcnn.config import Config, ConfigError, build_config, scaled_schedule, to_dict
 from mrcnn.data import DataError
-from mrcnn.weights import check_readable, pretrained_init
+from mrcnn.weights import check_readable, model_init, pretrained_init
 
 tf1 = tf.compat.v1
 
@@ -308,7 +308,6 @@ def evaluate(
     from mrcnn.model import OUTPUT_NAMES, MaskRCNN
     from tensorpack.predict import OfflinePredictor, PredictConfig
     from tensorpack.tfutils.sesscreate import NewSessionCreator
-    from tensorpack.tfutils.sessinit import SmartInit
     from tensorpack.utils import logger
 
     recs = data.records(ds, with_empty=True)
@@ -321,7 +320,7 @@ def evaluate(
         PredictConfig(
             model=MaskRCNN(cfg, ds.num_classes),
             session_creator=NewSessionCreator(config=sess_config),
-            session_init=SmartInit(str(weights)),
+            session_init=model_init(weights, logger.info),
             input_names=["image"],
             output_names=list(OUTPUT_NAMES),
         )

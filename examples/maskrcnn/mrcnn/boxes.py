@@ -15,9 +15,17 @@ import numpy as np
 import tensorflow as tf
 from numpy.typing import NDArray
 
-# Largest log-scale change a decoded delta may apply (as in Detectron: avoids exp overflow early in training).
-MAX_LOG_SCALE = math.log(1000.0 / 16.0)
 FPN_STRIDES = (4, 8, 16, 32, 64)
+
+
+def max_log_scale(max_size: int) -> float:
+    """Largest log-scale change a decoded delta may apply (avoids exp overflow early in training), as
+    tensorpack's example defines it: log(MAX_SIZE / 16) (model_box.decode_bbox_target)."""
+    return math.log(max_size / 16.0)
+
+
+# The clip of the standard COCO configuration (max size 1344), the default of the decoding functions.
+MAX_LOG_SCALE = max_log_scale(1344)
 
 
 # ----------------------------------------------------------------------------------------------------- numpy
@@ -57,13 +65,16 @@ def np_encode(
 
 
 def np_decode(
-    deltas: NDArray[Any], refs: NDArray[Any], weights: Sequence[float] = (1, 1, 1, 1)
+    deltas: NDArray[Any],
+    refs: NDArray[Any],
+    weights: Sequence[float] = (1, 1, 1, 1),
+    clip: float = MAX_LOG_SCALE,
 ) -> NDArray[Any]:
     rw, rh = refs[:, 2] - refs[:, 0], refs[:, 3] - refs[:, 1]
     cx, cy = refs[:, 0] + 0.5 * rw, refs[:, 1] + 0.5 * rh
     wx, wy, ww, wh = weights
-    dw = np.minimum(deltas[:, 2] / ww, MAX_LOG_SCALE)
-    dh = np.minimum(deltas[:, 3] / wh, MAX_LOG_SCALE)
+    dw = np.minimum(deltas[:, 2] / ww, clip)
+    dh = np.minimum(deltas[:, 3] / wh, clip)
     ncx, ncy = cx + deltas[:, 0] / wx * rw, cy + deltas[:, 1] / wy * rh
     nw, nh = rw * np.exp(dw), rh * np.exp(dh)
     decoded = np.stack([ncx - 0.5 * nw, ncy - 0.5 * nh, ncx + 0.5 * nw, ncy + 0.5 * nh], axis=1)
@@ -154,12 +165,14 @@ def tf_encode(boxes: tf.Tensor, refs: tf.Tensor, weights: Sequence[float] = (1, 
     )
 
 
-def tf_decode(deltas: tf.Tensor, refs: tf.Tensor, weights: Sequence[float] = (1, 1, 1, 1)) -> tf.Tensor:
+def tf_decode(
+    deltas: tf.Tensor, refs: tf.Tensor, weights: Sequence[float] = (1, 1, 1, 1), clip: float = MAX_LOG_SCALE
+) -> tf.Tensor:
     rw, rh = refs[:, 2] - refs[:, 0], refs[:, 3] - refs[:, 1]
     cx, cy = refs[:, 0] + 0.5 * rw, refs[:, 1] + 0.5 * rh
     wx, wy, ww, wh = weights
-    dw = tf.minimum(deltas[:, 2] / ww, MAX_LOG_SCALE)
-    dh = tf.minimum(deltas[:, 3] / wh, MAX_LOG_SCALE)
+    dw = tf.minimum(deltas[:, 2] / ww, clip)
+    dh = tf.minimum(deltas[:, 3] / wh, clip)
     ncx, ncy = cx + deltas[:, 0] / wx * rw, cy + deltas[:, 1] / wy * rh
     nw, nh = rw * tf.exp(dw), rh * tf.exp(dh)
     return tf.stack([ncx - 0.5 * nw, ncy - 0.5 * nh, ncx + 0.5 * nw, ncy + 0.5 * nh], axis=1)

@@ -21,7 +21,8 @@ class Config:
     gn_groups: int = 32
     freeze_at: int = 2  # 0: train all; 1: freeze stem; 2: stem + first stage (Detectron's default)
     fpn_channels: int = 256
-    bgr_input: bool = False  # feed the backbone BGR (e.g. tensorpack's ImageNet checkpoints were trained so)
+    # Feed the backbone BGR: tensorpack's ImageNet ResNets and its published COCO models were trained so.
+    bgr_input: bool = True
     # RPN
     anchor_sizes: tuple[int, ...] = (32, 64, 128, 256, 512)  # one per level P2..P6 (strides 4..64)
     anchor_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
@@ -31,7 +32,7 @@ class Config:
     rpn_neg_iou: float = 0.3
     rpn_nms_iou: float = 0.7
     rpn_train_pre_nms_topk: int = 2000  # per level
-    rpn_train_post_nms_topk: int = 1000  # over all levels
+    rpn_train_post_nms_topk: int = 2000  # over all levels (tensorpack: the per-level number, 2000)
     rpn_test_pre_nms_topk: int = 1000
     rpn_test_post_nms_topk: int = 1000
     # box head
@@ -50,7 +51,9 @@ class Config:
     test_max_detections: int = 100
     # data
     short_edge: tuple[int, ...] = (800,)  # training picks one at random (multi-scale); test uses the first
-    max_size: int = 1333
+    # Longest side after resizing, rounded up to a multiple of 32 (the FPN's resolution) as tensorpack does:
+    # Detectron's 1333 is 1344 here, in the resize and in the box-decoding clip (log(max_size / 16)).
+    max_size: int = 1344
     flip: bool = True
     data_workers: int = 2  # threads decoding/augmenting images per rank
     # optimisation: the schedule is written for a total batch of `schedule_batch` images per step and
@@ -71,7 +74,8 @@ class Config:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # The standard COCO Mask R-CNN R50-FPN 1x schedule (Detectron: box AP 37.7, mask AP 33.9).
+    # The standard COCO Mask R-CNN R50-FPN 1x schedule (Detectron: box AP 37.7, mask AP 33.9), with
+    # tensorpack's conventions (its published COCO-R50FPN-MaskRCNN-Standard.npz predicts as in its example).
     "coco": {},
     # A few-second model for tests, demos and CPUs: 128-pixel images, a one-block-per-stage ResNet 8 wide.
     "tiny": {
@@ -142,6 +146,7 @@ def build_config(preset: str, overrides: list[str]) -> Config:
         if key not in names:
             raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(names))}")
         cfg = replace(cfg, **{key: _parse_value(key, text, getattr(cfg, key))})
+    cfg = replace(cfg, max_size=-(-cfg.max_size // 32) * 32)
     validate(cfg)
     return cfg
 
@@ -159,6 +164,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("config key 'mask_resolution': expected an even number")
     if cfg.images_per_rank != 1:
         raise ConfigError("config key 'images_per_rank': only 1 image per rank per step is implemented")
+    if cfg.max_size < 32 or min(cfg.short_edge, default=0) < 1:
+        raise ConfigError("config keys 'max_size', 'short_edge': expected positive sizes (max_size >= 32)")
     if not 0 <= cfg.freeze_at <= 5:
         raise ConfigError("config key 'freeze_at': expected 0..5")
 

@@ -8,7 +8,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import cv2
 import numpy as np
 from numpy.typing import NDArray
 from pycocotools import mask as mask_utils
@@ -22,19 +21,40 @@ from .data import read_image, resize, resize_scale
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 
 
+def linear_weights(coords: NDArray[Any], n: int) -> NDArray[Any]:
+    """(len(coords), n): the weights that interpolate linearly between samples 0..n-1 at `coords` (index
+    units), 0 outside them."""
+    out = np.zeros((len(coords), n))
+    lo = np.floor(coords).astype(np.int64)
+    frac = coords - lo
+    rows = np.arange(len(coords))
+    for idx, weight in ((lo, 1.0 - frac), (lo + 1, frac)):
+        ok = (idx >= 0) & (idx < n)
+        out[rows[ok], idx[ok]] = weight[ok]
+    return out
+
+
 def paste_mask(mask: NDArray[Any], box: NDArray[Any], h: int, w: int, thresh: float = 0.5) -> NDArray[Any]:
-    """Binary full-image mask from an R x R probability map covering `box` (inverse of ROIAlign's grid)."""
+    """Binary full-image mask from an R x R probability map covering `box`, as tensorpack's accurate paste
+    (its eval._paste_mask): the map zero-padded by one cell and the box grown by that cell, so the mask fades
+    out at the box's edge instead of extending its border; bilinear between cell centres, 0 outside."""
     out = np.zeros((h, w), np.uint8)
+    r = mask.shape[0]
+    padded = np.pad(mask.astype(np.float64), 1)
+    grow = (r + 2) / r
     x1, y1, x2, y2 = (float(v) for v in box)
-    ix1, iy1 = max(math.floor(x1), 0), max(math.floor(y1), 0)
-    ix2, iy2 = min(math.ceil(x2), w), min(math.ceil(y2), h)
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    half_w, half_h = max(x2 - x1, 1e-3) / 2 * grow, max(y2 - y1, 1e-3) / 2 * grow
+    gx1, gy1, gx2, gy2 = cx - half_w, cy - half_h, cx + half_w, cy + half_h
+    ix1, iy1 = max(math.floor(gx1), 0), max(math.floor(gy1), 0)
+    ix2, iy2 = min(math.ceil(gx2), w), min(math.ceil(gy2), h)
     if ix2 <= ix1 or iy2 <= iy1:
         return out
-    r = mask.shape[0]
-    xs = (np.arange(ix1, ix2) + 0.5 - x1) / max(x2 - x1, 1e-3) * r - 0.5
-    ys = (np.arange(iy1, iy2) + 0.5 - y1) / max(y2 - y1, 1e-3) * r - 0.5
-    mx, my = np.meshgrid(xs.astype(np.float32), ys.astype(np.float32))
-    sampled = cv2.remap(mask.astype(np.float32), mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    # Pixel centre x + 0.5 in map cells (cell k's centre at k), interpolated exactly (separably: two small
+    # matrix products); an approximate remap flips pixels near the threshold on thin boxes.
+    xs = (np.arange(ix1, ix2) + 0.5 - gx1) / (gx2 - gx1) * (r + 2) - 0.5
+    ys = (np.arange(iy1, iy2) + 0.5 - gy1) / (gy2 - gy1) * (r + 2) - 0.5
+    sampled = linear_weights(ys, r + 2) @ padded @ linear_weights(xs, r + 2).T
     out[iy1:iy2, ix1:ix2] = sampled >= thresh
     return out
 
@@ -73,8 +93,10 @@ def predict_image(
     h0, w0 = img.shape[:2]
     resized = resize(img, resize_scale(h0, w0, cfg.short_edge[0], cfg.max_size))
     boxes, scores, labels, masks = predictor(resized.astype(np.float32))
-    sx, sy = resized.shape[1] / w0, resized.shape[0] / h0
-    boxes = B.np_clip(boxes / np.array([sx, sy, sx, sy], np.float32), h0, w0)
+    # One scale for both axes, the geometric mean of the two (they differ only by the resize's rounding), as
+    # tensorpack's predict_image: the same model then gives the same boxes to the last decimal.
+    scale = math.sqrt(resized.shape[0] / h0 * resized.shape[1] / w0)
+    boxes = B.np_clip(boxes / np.float32(scale), h0, w0)
     full = (
         np.stack([paste_mask(m, b, h0, w0) for m, b in zip(masks, boxes, strict=True)])
         if len(boxes)

@@ -1,9 +1,15 @@
 """Mask R-CNN with a ResNet-FPN backbone as a tensorpack ModelDesc (TensorFlow 1 graph mode, NHWC, one
 image per rank).
 
-Variable names follow tensorpack's ImageNet ResNet checkpoints (conv0, group{i}/block{j}/conv{1,2,3},
-convshortcut, each with W and bn/{gamma,beta,mean/EMA,variance/EMA}), so a pretrained backbone loads from an
-.npz by name.
+Variable names, shapes and meanings follow tensorpack's FasterRCNN example (examples/FasterRCNN, its
+Standard R50-FPN Mask R-CNN), so that its ImageNet ResNets and its published COCO models load by name and
+predict what they predict there. Its conventions, kept here where they decide what a weight means:
+- "AlignPadding": the stem, the pooling and every stride-2 3x3 conv pad explicitly (more at the top/left) and
+  convolve VALID, instead of TensorFlow's SAME (which pads more at the bottom/right);
+- anchors centred at (j, i) * stride (boxes.py);
+- the box head reads ROI features flattened in (C, H, W) order (tensorpack's graph is NCHW): fc6's rows;
+- ROIAlign samples a map padded by one border-replicated pixel (no zeros past the border);
+- box decoding clips log-scales at log(max_size / 16).
 """
 
 from __future__ import annotations
@@ -58,30 +64,52 @@ def normalize(x: tf.Tensor, cfg: Config) -> tf.Tensor:
 
 
 def conv_norm(
-    name: str, x: tf.Tensor, ch: int, k: int, cfg: Config, stride: int = 1, relu: bool = True
+    name: str,
+    x: tf.Tensor,
+    ch: int,
+    k: int,
+    cfg: Config,
+    stride: int = 1,
+    relu: bool = True,
+    padding: str = "SAME",
 ) -> tf.Tensor:
-    x = Conv2D(name, x, ch, k, strides=stride, use_bias=cfg.norm == "None", kernel_initializer=CONV_INIT)
+    bias = cfg.norm == "None"
+    x = Conv2D(name, x, ch, k, strides=stride, padding=padding, use_bias=bias, kernel_initializer=CONV_INIT)
     with tf1.variable_scope(name):  # reopened: the norm's variables live next to the conv's (name/bn/...)
         x = normalize(x, cfg)
     return tf.nn.relu(x) if relu else x
 
 
+def align_pad(x: tf.Tensor, before: int, after: int) -> tf.Tensor:
+    """Pad rows and columns of an NHWC map `before` at the top/left and `after` at the bottom/right, for a
+    VALID conv or pool: tensorpack's "AlignPadding" (TF_PAD_MODE=False), its published models' padding."""
+    return tf.pad(x, [[0, 0], [before, after], [before, after], [0, 0]])
+
+
 def bottleneck(x: tf.Tensor, ch: int, stride: int, cfg: Config) -> tf.Tensor:
     shortcut = x
-    if int(x.shape[-1]) != ch * 4 or stride != 1:
+    if int(x.shape[-1]) != ch * 4 or stride != 1:  # a strided 1x1 conv samples rows/columns 0, 2, 4...
         shortcut = conv_norm("convshortcut", x, ch * 4, 1, cfg, stride=stride, relu=False)
     x = conv_norm("conv1", x, ch, 1, cfg)
-    x = conv_norm("conv2", x, ch, 3, cfg, stride=stride)
+    if stride == 1:
+        x = conv_norm("conv2", x, ch, 3, cfg)
+    else:
+        x = conv_norm("conv2", align_pad(x, 1, 0), ch, 3, cfg, stride=stride, padding="VALID")
     x = conv_norm("conv3", x, ch * 4, 1, cfg, relu=False)
     return tf.nn.relu(x + shortcut)
+
+
+def stem(image: tf.Tensor, cfg: Config) -> tf.Tensor:
+    """7x7 stride-2 conv and 3x3 stride-2 max-pool (stride 4): output (i, j) is centred on input (4i, 4j)."""
+    x = conv_norm("conv0", align_pad(image, 3, 2), cfg.resnet_width, 7, cfg, stride=2, padding="VALID")
+    return tf.nn.max_pool2d(align_pad(x, 1, 0), 3, 2, "VALID")  # zeros pad: harmless after the ReLU
 
 
 def resnet(image: tf.Tensor, cfg: Config) -> list[tf.Tensor]:
     """C2..C5 (strides 4, 8, 16, 32) of a bottleneck ResNet; stages before cfg.freeze_at are not trained."""
     outputs = []
     with freeze_variables(stop_gradient=False, skip_collection=cfg.freeze_at >= 1):
-        x = conv_norm("conv0", image, cfg.resnet_width, 7, cfg, stride=2)
-        x = tf.nn.max_pool2d(x, 3, 2, "SAME")
+        x = stem(image, cfg)
     if cfg.freeze_at >= 1:
         x = tf.stop_gradient(x)
     for i, blocks in enumerate(cfg.resnet_blocks):
@@ -133,18 +161,19 @@ def smooth_l1(x: tf.Tensor, beta: float) -> tf.Tensor:
 
 
 def rpn_losses(
-    logits: tf.Tensor, deltas: tf.Tensor, labels: tf.Tensor, targets: tf.Tensor
+    logits: tf.Tensor, deltas: tf.Tensor, labels: tf.Tensor, targets: tf.Tensor, batch: int
 ) -> tuple[tf.Tensor, tf.Tensor]:
+    """Sums over the sampled anchors divided by the anchor batch size (tensorpack's normalisation: an image
+    with fewer valid anchors weighs less, rather than each of its anchors more)."""
     valid = labels >= 0
-    num_valid = tf.maximum(tf.reduce_sum(tf.cast(valid, tf.float32)), 1.0)
     cls = tf.nn.sigmoid_cross_entropy_with_logits(
         labels=tf.cast(tf.boolean_mask(labels, valid), tf.float32), logits=tf.boolean_mask(logits, valid)
     )
     fg = tf.equal(labels, 1)
     box = smooth_l1(tf.boolean_mask(deltas, fg) - tf.boolean_mask(targets, fg), 1.0 / 9)
     return (
-        tf.identity(tf.reduce_sum(cls) / num_valid, name="rpn_cls_loss"),
-        tf.identity(tf.reduce_sum(box) / num_valid, name="rpn_box_loss"),
+        tf.identity(tf.reduce_sum(cls) / float(batch), name="rpn_cls_loss"),
+        tf.identity(tf.reduce_sum(box) / float(batch), name="rpn_box_loss"),
     )
 
 
@@ -156,12 +185,14 @@ def proposals(
     pre_k: int,
     post_k: int,
     nms_iou: float,
+    clip: float,
 ) -> tf.Tensor:
-    """Top `pre_k` anchors per level, decoded, clipped and NMS-ed per level; the best `post_k` overall."""
+    """Top `pre_k` anchors per level, decoded (log-scales clipped at `clip`), clipped to the image and NMS-ed
+    per level; the best `post_k` overall."""
     all_boxes, all_scores = [], []
     for lg, dl, an in zip(logits, deltas, anchors, strict=True):
         scores, idx = tf.nn.top_k(lg, tf.minimum(pre_k, tf.size(lg)), sorted=False)
-        bx = B.tf_clip(B.tf_decode(tf.gather(dl, idx), tf.gather(an, idx)), image_hw)
+        bx = B.tf_clip(B.tf_decode(tf.gather(dl, idx), tf.gather(an, idx), clip=clip), image_hw)
         keep = tf.image.non_max_suppression(bx, scores, pre_k, iou_threshold=nms_iou)
         all_boxes.append(tf.gather(bx, keep))
         all_scores.append(tf.gather(scores, keep))
@@ -191,17 +222,21 @@ def aligned_crop_boxes(rois: tf.Tensor, scale: float, hw: tf.Tensor, samples: in
 
 
 def roi_align(feature: tf.Tensor, rois: tf.Tensor, stride: int, size: int) -> tf.Tensor:
-    """ROIAlign with 2x2 samples per bin: (n, size, size, C) from a (1, H, W, C) feature map."""
-    crop = aligned_crop_boxes(rois, 1.0 / stride, tf.shape(feature)[1:3], 2 * size)
+    """ROIAlign with 2x2 samples per bin: (n, size, size, C) from a (1, H, W, C) feature map.
+
+    As tensorpack's (model_box.roi_align): the map is padded by one border-replicated pixel and the boxes
+    shifted by it, so a sample past the border reads the border, not zero (what crop_and_resize gives)."""
+    padded = tf.pad(feature, [[0, 0], [1, 1], [1, 1], [0, 0]], mode="SYMMETRIC")
+    crop = aligned_crop_boxes(rois / float(stride) + 1.0, 1.0, tf.shape(padded)[1:3], 2 * size)
     crops = tf.image.crop_and_resize(
-        feature, crop, tf.zeros([tf.shape(rois)[0]], tf.int32), [2 * size, 2 * size]
+        padded, crop, tf.zeros([tf.shape(rois)[0]], tf.int32), [2 * size, 2 * size]
     )
     return tf.nn.avg_pool2d(crops, 2, 2, "VALID")
 
 
 def multilevel_roi_align(features: Sequence[tf.Tensor], rois: tf.Tensor, size: int) -> tf.Tensor:
     """ROIAlign from P2..P5, each ROI on level floor(4 + log2(sqrt(area) / 224)) (FPN paper, eq. 1)."""
-    level = tf.floor(4 + tf.math.log(tf.sqrt(B.tf_area(rois)) / 224.0 + 1e-8) / np.log(2.0))
+    level = tf.floor(4 + tf.math.log(tf.sqrt(B.tf_area(rois)) / 224.0 + 1e-6) / np.log(2.0))
     level = tf.cast(tf.clip_by_value(level, 2, 5), tf.int32)
     outs, order = [], []
     for i, feature in enumerate(features[:4]):
@@ -235,16 +270,19 @@ def box_head(
     features: Sequence[tf.Tensor], rois: tf.Tensor, cfg: Config, num_classes: int
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Class logits (n, K) and class-specific box deltas (n, K, 4) for K = classes + background."""
-    x = multilevel_roi_align(features, rois, 7)
+    # fc6 reads each ROI's features in (C, H, W) order, as tensorpack's NCHW graph flattens them: a checkpoint
+    # of its loads by shape in any order, and only this order gives its fc6 rows their meaning.
+    x = tf.transpose(multilevel_roi_align(features, rois, 7), [0, 3, 1, 2])
     with tf1.variable_scope("fastrcnn", reuse=tf1.AUTO_REUSE):
         x = FullyConnected("fc6", x, cfg.frcnn_fc_dim, activation=tf.nn.relu, kernel_initializer=HEAD_INIT)
         x = FullyConnected("fc7", x, cfg.frcnn_fc_dim, activation=tf.nn.relu, kernel_initializer=HEAD_INIT)
-        logits = FullyConnected(
-            "class", x, num_classes, kernel_initializer=tf1.random_normal_initializer(stddev=0.01)
-        )
-        deltas = FullyConnected(
-            "box", x, num_classes * 4, kernel_initializer=tf1.random_normal_initializer(stddev=0.001)
-        )
+        with tf1.variable_scope("outputs"):
+            logits = FullyConnected(
+                "class", x, num_classes, kernel_initializer=tf1.random_normal_initializer(stddev=0.01)
+            )
+            deltas = FullyConnected(
+                "box", x, num_classes * 4, kernel_initializer=tf1.random_normal_initializer(stddev=0.001)
+            )
     return logits, tf.reshape(deltas, [-1, num_classes, 4])
 
 
@@ -276,8 +314,9 @@ def detections(
     scores = tf.nn.softmax(logits)[:, 1:]
     n = tf.shape(rois)[0]
     refs = tf.reshape(tf.tile(tf.expand_dims(rois, 1), [1, num_fg, 1]), [-1, 4])
+    clip = B.max_log_scale(cfg.max_size)
     decoded = B.tf_clip(
-        B.tf_decode(tf.reshape(deltas[:, 1:], [-1, 4]), refs, cfg.frcnn_box_weights), image_hw
+        B.tf_decode(tf.reshape(deltas[:, 1:], [-1, 4]), refs, cfg.frcnn_box_weights, clip), image_hw
     )
     yxyx = tf.gather(tf.reshape(decoded, [n, num_fg, 4]), [1, 0, 3, 2], axis=2)
     out_boxes, out_scores, out_classes, valid = tf.image.combined_non_max_suppression(
@@ -340,7 +379,8 @@ class MaskRCNN(ModelDesc):  # type: ignore[misc]  # tensorpack has no type infor
         logits, deltas = [h[0] for h in heads], [h[1] for h in heads]
         pre_k = cfg.rpn_train_pre_nms_topk if training else cfg.rpn_test_pre_nms_topk
         post_k = cfg.rpn_train_post_nms_topk if training else cfg.rpn_test_post_nms_topk
-        proposed = proposals(logits, deltas, anchors, image_hw, pre_k, post_k, cfg.rpn_nms_iou)
+        clip = B.max_log_scale(cfg.max_size)
+        proposed = proposals(logits, deltas, anchors, image_hw, pre_k, post_k, cfg.rpn_nms_iou, clip)
 
         if not training:
             box_logits, box_deltas = box_head(features, proposed, cfg, self.num_classes)
@@ -353,7 +393,7 @@ class MaskRCNN(ModelDesc):  # type: ignore[misc]  # tensorpack has no type infor
             return None
 
         rpn_cls, rpn_box = rpn_losses(
-            tf.concat(logits, 0), tf.concat(deltas, 0), anchor_labels, anchor_deltas
+            tf.concat(logits, 0), tf.concat(deltas, 0), anchor_labels, anchor_deltas, cfg.rpn_batch_per_image
         )
         rois, roi_labels, fg_gt, num_fg = sample_rois(proposed, gt_boxes, gt_labels, cfg)
         box_logits, box_deltas = box_head(features, rois, cfg, self.num_classes)
@@ -367,8 +407,8 @@ class MaskRCNN(ModelDesc):  # type: ignore[misc]  # tensorpack has no type infor
             box_deltas[:num_fg], tf.stack([tf.range(num_fg), tf.cast(fg_labels, tf.int32)], 1)
         )
         targets = B.tf_encode(tf.gather(gt_boxes, fg_gt), fg_rois, cfg.frcnn_box_weights)
-        frcnn_box = tf.truediv(
-            tf.reduce_sum(smooth_l1(fg_deltas - targets, 1.0)),
+        frcnn_box = tf.truediv(  # L1, as tensorpack's fastrcnn_losses
+            tf.reduce_sum(tf.abs(fg_deltas - targets)),
             tf.cast(tf.maximum(tf.size(roi_labels), 1), tf.float32),
             name="frcnn_box_loss",
         )
@@ -379,7 +419,8 @@ class MaskRCNN(ModelDesc):  # type: ignore[misc]  # tensorpack has no type infor
         mask_targets = tf.image.crop_and_resize(
             tf.cast(tf.expand_dims(gt_masks, 3), tf.float32), crop, fg_gt, [res, res]
         )
-        mask_targets = tf.stop_gradient(tf.cast(mask_targets[..., 0] >= 0.5, tf.float32))
+        # Soft targets (the bilinear samples of the binary mask), as tensorpack's.
+        mask_targets = tf.stop_gradient(mask_targets[..., 0])
         mask_ce = tf.nn.sigmoid_cross_entropy_with_logits(labels=mask_targets, logits=mask_logits)
         mask_loss = tf.truediv(
             tf.reduce_sum(mask_ce), tf.cast(tf.maximum(tf.size(mask_ce), 1), tf.float32), name="mask_loss"

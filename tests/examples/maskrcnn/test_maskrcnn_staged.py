@@ -13,7 +13,7 @@ import pytest
 from mrcnn import data, staged
 from mrcnn.config import build_config
 from mrcnn.data import DataError
-from mrcnn.weights import check, match_weights, report
+from mrcnn.weights import check_complete, check_pretrained, match_weights, report_lines
 
 from smhvd_stage import manifest as stage_manifest
 from smhvd_stage.checksums import Md5Cache, checksum_all
@@ -144,11 +144,11 @@ def test_staging_manifest_is_checked(channels: dict[str, Path], tmp_path: Path) 
         staged.check_manifest(copy["annotations"], copy)
 
 
-def test_weights_are_matched_by_name_with_a_report() -> None:
+def test_weights_are_matched_by_name_with_a_report_per_part() -> None:
     model = {
         "conv0/W": (7, 7, 3, 8),
         "conv0/gn/gamma": (8,),
-        "fpn/W": (1, 1, 8, 4),
+        "fpn/lateral_1x1_c2/W": (1, 1, 8, 4),
         "group0/block0/conv1/W": (1, 1, 8, 2),
     }
     file = {
@@ -159,25 +159,67 @@ def test_weights_are_matched_by_name_with_a_report() -> None:
     }
     m = match_weights(file, model)
     assert m.matched == ("conv0/W", "conv0/gn/gamma", "group0/block0/conv1/W")  # (8, 2) fits (1, 1, 8, 2)
-    assert (m.unused, m.missing, m.misfit) == (("linear/W",), ("fpn/W",), ())
-    assert report(Path("w.npz"), m) == (
-        "pretrained w.npz: 3 of 4 arrays loaded by name (conv0/W, conv0/gn/gamma, group0/block0/conv1/W); "
-        "1 unused (linear/W); 1 model variables not in the file keep their initialisation (fpn/W)"
-    )
-    check(Path("w.npz"), m, tuple(model))
+    assert (m.unused, m.missing, m.misfit) == (("linear/W",), ("fpn/lateral_1x1_c2/W",), ())
+    assert report_lines(Path("w.npz"), m) == [
+        "weights w.npz: backbone: 3 of 3 arrays loaded",
+        "weights w.npz: FPN: 0 of 1 arrays loaded; 1 not in the file keep their initialisation",
+        "weights w.npz: 1 arrays unused (linear/W)",
+    ]
+    check_pretrained(Path("w.npz"), m, tuple(model))
+    with pytest.raises(DataError, match=r"model w.npz: 1 of the model's variables are not in the file "):
+        check_complete(Path("w.npz"), m)  # evaluation refuses what would predict from random weights
     wrong = match_weights({"conv0/W": (7, 7, 3, 64)}, model)
     with pytest.raises(
         DataError, match=r"array 'conv0/W' has shape \(7, 7, 3, 64\), the model's variable has "
     ):
-        check(Path("w.npz"), wrong, tuple(model))
+        check_pretrained(Path("w.npz"), wrong, tuple(model))
     none = match_weights({"resnet_v1_50/conv1/weights": (7, 7, 3, 64)}, model)
     with pytest.raises(DataError) as e:
-        check(Path("w.npz"), none, tuple(sorted(model)))
+        check_pretrained(Path("w.npz"), none, tuple(sorted(model)))
     assert str(e.value) == (
         "pretrained weights w.npz: no array name matches a model variable (the file has "
-        "resnet_v1_50/conv1/weights; the model has conv0/W, conv0/gn/gamma, fpn/W, ...): expected a "
-        "tensorpack-format ResNet .npz"
+        "resnet_v1_50/conv1/weights; the model has conv0/W, conv0/gn/gamma, fpn/lateral_1x1_c2/W, ...): "
+        "expected a tensorpack-format ResNet or Mask R-CNN .npz"
     )
+
+
+def test_fine_tuning_re_initialises_only_the_class_specific_outputs() -> None:
+    """A COCO model (81 classes with background) onto a 3-class data set: the classifier, box regressor and
+    mask predictor are left at their initialisation and said so; any other misfit is an error."""
+    model = {
+        "fastrcnn/fc6/W": (12544, 1024),
+        "fastrcnn/outputs/class/W": (1024, 4),
+        "fastrcnn/outputs/class/b": (4,),
+        "fastrcnn/outputs/box/W": (1024, 16),
+        "maskrcnn/conv/W": (1, 1, 256, 3),
+        "maskrcnn/deconv/W": (2, 2, 256, 256),
+    }
+    file = {
+        "fastrcnn/fc6/W": (12544, 1024),
+        "fastrcnn/outputs/class/W": (1024, 81),
+        "fastrcnn/outputs/class/b": (81,),
+        "fastrcnn/outputs/box/W": (1024, 324),
+        "maskrcnn/conv/W": (1, 1, 256, 80),
+        "maskrcnn/deconv/W": (2, 2, 256, 256),
+    }
+    m = match_weights(file, model)
+    assert m.matched == ("fastrcnn/fc6/W", "maskrcnn/deconv/W")
+    assert [n for n, _, _ in m.skipped] == [
+        "fastrcnn/outputs/box/W", "fastrcnn/outputs/class/W", "fastrcnn/outputs/class/b", "maskrcnn/conv/W",
+    ]  # fmt: skip
+    check_pretrained(Path("coco.npz"), m, tuple(model))
+    assert report_lines(Path("coco.npz"), m) == [
+        "weights coco.npz: box head: 1 of 1 arrays loaded",
+        "weights coco.npz: box outputs: 0 of 3 arrays loaded; 3 re-initialised for another class count: "
+        "81 classes (with background) in the file, 4 in the model",
+        "weights coco.npz: mask head: 1 of 1 arrays loaded",
+        "weights coco.npz: mask outputs: 0 of 1 arrays loaded; 1 re-initialised for another class count",
+    ]
+    with pytest.raises(DataError, match=r"81 classes \(with background\) in the file, 4 in the model"):
+        check_complete(Path("coco.npz"), m)  # evaluating it on this data set would be meaningless
+    wider = match_weights({**file, "fastrcnn/fc6/W": (12544, 512)}, model)
+    with pytest.raises(DataError, match=r"'fastrcnn/fc6/W' has shape \(12544, 512\)"):
+        check_pretrained(Path("coco.npz"), wider, tuple(model))
 
 
 @pytest.mark.integration
@@ -193,11 +235,8 @@ def test_training_and_evaluation_from_the_staged_channels(channels: dict[str, Pa
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "staging manifest" in log and "(2 annotations, 1 pretrained, 4 train, 3 val)" in log
-    assert (
-        "pretrained ImageNet-R50-AlignPadding.npz: 2 of 3 arrays loaded by name (conv0/W, conv0/gn/gamma); "
-        in log
-    )
-    assert "1 unused (linear/W)" in log
+    assert "weights ImageNet-R50-AlignPadding.npz: backbone: 2 of " in log
+    assert "weights ImageNet-R50-AlignPadding.npz: 1 arrays unused (linear/W)" in log
     metrics = json.loads((tmp_path / "ml" / "output" / "data" / "eval.json").read_text())
     assert metrics["images"] == 3
     assert metrics["annotations"] == str(channels["annotations"] / "instances_val2017.json")

@@ -62,7 +62,7 @@ def test_pretrained_npz_is_loaded_and_the_model_exported(first_run) -> None:
         np.testing.assert_array_equal(model[name], value)  # frozen: exactly what the .npz held
     assert "global_step" not in model.files and not any("Momentum" in k for k in model.files)
     log = (base / "checkpoints" / "log.log").read_text()
-    assert "pretrained backbone.npz: 2 of 2 arrays loaded by name (conv0/W, conv0/gn/gamma); " in log
+    assert "weights backbone.npz: backbone: 2 of " in log and "weights backbone.npz: FPN: 0 of " in log
     assert json.loads((base / "model" / "config.json").read_text())["resnet_width"] == 8
     assert (base / "checkpoints" / "model-30.index").is_file()
 
