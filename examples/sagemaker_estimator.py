@@ -73,8 +73,9 @@ def main() -> None:
             "mpi": {
                 "enabled": True,
                 "processes_per_host": args.processes_per_host,
-                # Extra mpirun options; the launcher already passes the host list and --bind-to none.
-                "custom_mpi_options": "-x NCCL_DEBUG=WARN --mca mpi_yield_when_idle 1",
+                # Extra mpirun options; the launcher already passes the host list, --bind-to none and, where
+                # ranks share cores, mpi_yield_when_idle (its own decision: leave it to the launcher).
+                "custom_mpi_options": "-x NCCL_DEBUG=WARN",
             }
         },
         hyperparameters={"epochs": args.epochs},  # -> `train_mnist.py --epochs 2` on every rank

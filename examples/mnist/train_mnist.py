@@ -6,6 +6,8 @@ image's `train` launcher (hyperparameters as `--key value`, the SM_* variables, 
 sized for the ranks sharing a host). Rank 0 alone checkpoints every epoch (a restarted job, e.g. managed spot
 training, resumes from the latest one) and writes the outputs: a SavedModel in <model-dir>/1, history.csv and
 metrics.json in <output-data-dir>, and a final `test_accuracy=... test_loss=...` line.
+
+Every line that differs from single-process Keras code is marked `# Horovod:`.
 """
 
 from __future__ import annotations
@@ -76,8 +78,7 @@ def build_model() -> Any:
     )
 
 
-def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
-    """`callbacks`: more Keras callbacks for every rank (a benchmark's timer), before rank 0's outputs."""
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv, os.environ)
     try:  # the data is read and checked before Horovod starts: bad data fails fast, and nothing is written
         source = mnist_data.resolve_source(args.dataset, os.environ)
@@ -86,13 +87,13 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
         print(f"train_mnist.py: error: {error}", file=sys.stderr)
         return 2
 
-    hvd.init()
+    hvd.init()  # Horovod: one process per rank, started by mpirun (or the image's `train`)
     gpus = tf.config.list_physical_devices("GPU")
-    if gpus:  # each rank uses the GPU of its local rank, and only as much of its memory as it needs
+    if gpus:  # Horovod: each rank uses the GPU of its local rank, and only as much memory as it needs
         tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
         tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
-    tf.keras.utils.set_random_seed(args.seed + hvd.rank())
-    chief = hvd.rank() == 0
+    tf.keras.utils.set_random_seed(args.seed + hvd.rank())  # Horovod: another shuffle order per rank
+    chief = hvd.rank() == 0  # Horovod: rank 0 alone prints, checkpoints and writes the outputs
     if chief:
         print(
             f"horovod: {hvd.size()} rank(s); train {len(train.labels)} / test {len(test.labels)} examples"
@@ -100,27 +101,28 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
             flush=True,
         )
 
-    # Each rank trains on its own shard; together the ranks make one pass over the data per epoch.
+    # Horovod: each rank trains on its own shard; together the ranks make one pass over the data per epoch.
     def shard(split: mnist_data.Split) -> Any:
         return tf.data.Dataset.from_tensor_slices(tuple(split)).shard(hvd.size(), hvd.rank())
 
-    steps = max(1, len(train.labels) // (args.batch_size * hvd.size()))
+    steps = max(1, len(train.labels) // (args.batch_size * hvd.size()))  # Horovod: steps of all ranks
     steps = min(steps, args.steps_per_epoch or steps)
     train_data = shard(train).shuffle(10_000, seed=args.seed + hvd.rank()).repeat().batch(args.batch_size)
     test_data = shard(test).batch(256)
 
-    # The rate rises linearly from one rank's to hvd.size() times that over the warmup (Goyal et al., 2017).
-    # A schedule of the optimizer's step counter, so it also continues correctly after a resume.
+    # Horovod: the rate rises linearly from one rank's to hvd.size() times that over the warmup (Goyal et
+    # al., 2017). A schedule of the optimizer's step counter, so it also continues correctly after a resume.
     warmup_steps = max(1, round(args.warmup_epochs * steps))
     learning_rate = tf.keras.optimizers.schedules.PolynomialDecay(
         args.learning_rate, warmup_steps, end_learning_rate=args.learning_rate * hvd.size(), power=1.0
     )
+    # Horovod: the optimizer averages the ranks' gradients before applying them.
     optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(learning_rate))
     model = build_model()
     model.compile(optimizer, tf.keras.losses.SparseCategoricalCrossentropy(), metrics=["accuracy"])
     optimizer.build(model.trainable_variables)  # Adam's slots exist now, so a restore fills them all
 
-    # Resume: rank 0 restores its latest checkpoint (its host holds them); the broadcast below shares it.
+    # Horovod: rank 0 restores its latest checkpoint (its host holds them); the broadcasts share it.
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(checkpoint, str(args.checkpoint_dir), max_to_keep=2)
     initial_epoch = 0
@@ -128,16 +130,15 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
         checkpoint.restore(manager.latest_checkpoint).assert_consumed()
         initial_epoch = int(manager.latest_checkpoint.rsplit("-", 1)[1])  # saved as ckpt-<epochs done>
         print(f"resuming from epoch {initial_epoch}: {manager.latest_checkpoint}", flush=True)
-    initial_epoch = int(hvd.broadcast(initial_epoch, root_rank=0, name="initial_epoch"))
+    initial_epoch = int(hvd.broadcast(initial_epoch, root_rank=0, name="initial_epoch"))  # Horovod
 
-    all_callbacks = [
-        hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # after step 1, every rank has rank 0's variables
-        hvd.callbacks.MetricAverageCallback(),  # the epoch's metrics averaged over the ranks' shards
-        *callbacks,
+    callbacks = [
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # Horovod: after step 1, rank 0's variables
+        hvd.callbacks.MetricAverageCallback(),  # Horovod: the epoch's metrics averaged over the ranks' shards
     ]
-    if chief:
+    if chief:  # Horovod: rank 0 alone
         args.output_data_dir.mkdir(parents=True, exist_ok=True)
-        all_callbacks += [
+        callbacks += [
             tf.keras.callbacks.CSVLogger(str(args.output_data_dir / "history.csv"), append=True),
             tf.keras.callbacks.LambdaCallback(
                 on_epoch_end=lambda epoch, _: manager.save(checkpoint_number=epoch + 1)
@@ -149,13 +150,15 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
         initial_epoch=initial_epoch,
         steps_per_epoch=steps,
         validation_data=test_data,
-        callbacks=all_callbacks,
-        verbose=2 if chief else 0,
+        callbacks=callbacks,
+        verbose=2 if chief else 0,  # Horovod: one log
     )
 
-    if chief:
+    if chief:  # Horovod: rank 0 alone
         test_loss, test_accuracy = model.evaluate(test.images, test.labels, batch_size=256, verbose=0)
-        model.save(str(args.model_dir / "1"), include_optimizer=False, save_format="tf")  # <model>/<version>
+        # An inference SavedModel (serving_default) in <model>/<version>, as TF Serving expects; Model.export
+        # exists in Keras 2.13+ and Keras 3 alike (save_format="tf" does not survive Keras 3).
+        model.export(str(args.model_dir / "1"))
         metrics = {
             "test_accuracy": test_accuracy,
             "test_loss": test_loss,
