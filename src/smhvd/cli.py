@@ -8,15 +8,38 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 from pathlib import Path
 
 from smhvd.config.paths import SageMakerPaths
-from smhvd.errors import EX_SOFTWARE, EX_USAGE, LauncherError, Stopped
+from smhvd.errors import EX_SOFTWARE, EX_USAGE, ConfigError, LauncherError, Stopped
 from smhvd.report import failure
 
 log = logging.getLogger("smhvd")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVEL_EXPECTED = "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case) or a number from 0 to 50"
+
+
+def log_level(text: str) -> int:
+    """A logging level: a name in any case (WARN for WARNING) or a number from 0 to 50. Pure."""
+    name = text.strip().upper()
+    name = "WARNING" if name == "WARN" else name
+    if name in LOG_LEVELS:
+        return int(logging.getLevelName(name))
+    if re.fullmatch(r"[0-9]{1,2}", name) and int(name) <= logging.CRITICAL:
+        return int(name)
+    raise ValueError(f"expected {LOG_LEVEL_EXPECTED}, got {text!r}")
+
+
+def _log_level_arg(text: str) -> int:
+    try:
+        return log_level(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -39,15 +62,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--log-level",
-        default=os.environ.get("SMHVD_LOG_LEVEL") or None,
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="launcher log level (env SMHVD_LOG_LEVEL; default: the SDK's sagemaker_container_log_level "
-        "hyperparameter, else INFO)",
+        type=_log_level_arg,
+        default=None,
+        help="launcher log level: DEBUG, INFO, WARNING, ERROR (any case) or a number (env SMHVD_LOG_LEVEL; "
+        "default: the SDK's sagemaker_container_log_level hyperparameter, else INFO)",
     )
     return parser.parse_args(argv)
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: int) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[smhvd %(asctime)s] %(levelname)s %(message)s", "%H:%M:%S"))
     log.handlers[:] = [handler]
@@ -55,8 +78,36 @@ def configure_logging(level: str) -> None:
     log.propagate = False
 
 
-def _stop_before_start(signum: int, _frame: object) -> None:
-    raise Stopped(f"stopped by {signal.Signals(signum).name} before the job started")
+class PreparationSignals:
+    """Signals until a role takes over (proc/signals.SignalWatch, which puts these back when it ends).
+
+    A stop (SIGTERM from SageMaker, Ctrl-C, SIGHUP) raises Stopped in the main thread wherever the
+    preparation is: the step in progress (code download, pip, the EFA probe: proc/steps.py) is ended with
+    its process tree, and launch.py kills whatever else this launcher started. It raises once: a second stop
+    while the first unwinds must not interrupt that cleanup. SIGUSR1, which asks running ranks for stack
+    dumps, finds none yet and is only logged (its default action would kill the launcher, leaving the step
+    running). As PID 1 in a container a signal without a handler is ignored: these handlers are needed there
+    too."""
+
+    STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.stopped_by: int | None = None
+
+    def install(self) -> None:
+        for sig in self.STOPS:
+            signal.signal(sig, self._stop)
+        signal.signal(signal.SIGUSR1, self._dump)
+
+    def _stop(self, signum: int, _frame: object) -> None:
+        if self.stopped_by is not None:
+            return
+        self.stopped_by = signum
+        raise Stopped(f"stopped by {signal.Signals(signum).name} before the job started")
+
+    @staticmethod
+    def _dump(_signum: int, _frame: object) -> None:
+        log.info("SIGUSR1: no rank is running yet (the job is being prepared): no stack dump to take")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,20 +115,25 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # argparse already printed the usage line
         return EX_USAGE if exc.code else 0
-    configure_logging(args.log_level or "INFO")
+    PreparationSignals().install()  # first: a stop or SIGUSR1 may come at any time from here on
+    configure_logging(logging.INFO if args.log_level is None else args.log_level)
     paths = SageMakerPaths(args.base_dir) if args.base_dir else SageMakerPaths.from_env()
     if args.base_dir:
         os.environ["SAGEMAKER_BASE_DIR"] = str(args.base_dir)
-    from .launch import launch  # imported here so that `train --help` is instant
-
-    # As PID 1 in a container, a signal without a handler is ignored: until a role installs its own
-    # handling (signals.SignalWatch), a stop request aborts the preparation (code download, pip).
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _stop_before_start)
     try:
-        return launch(paths, log_level_from_job=args.log_level is None)
+        level = args.log_level
+        if level is None and (env_level := os.environ.get("SMHVD_LOG_LEVEL", "").strip()):
+            try:
+                level = log_level(env_level)
+            except ValueError:
+                raise ConfigError("environment", "SMHVD_LOG_LEVEL", LOG_LEVEL_EXPECTED, env_level) from None
+            log.setLevel(level)
+        from .launch import launch  # imported here so that `train --help` is instant
+
+        return launch(paths, log_level_from_job=level is None)
     except Stopped as exc:
         log.warning("%s", exc)
+        failure.write_failure(paths.failure_file, failure.compose(str(exc)))
         return exc.exit_code
     except LauncherError as exc:
         log.error("%s", exc)

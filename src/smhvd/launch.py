@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from smhvd.config import sdk_v3
@@ -14,6 +16,7 @@ from smhvd.config.hyperparameters import to_script_args
 from smhvd.config.job import Job, load_job
 from smhvd.config.paths import SageMakerPaths
 from smhvd.environment import training_env
+from smhvd.errors import Stopped
 from smhvd.mpi import efa
 from smhvd.mpi.command import AWS_CREDENTIAL_NAMES
 from smhvd.proc.processes import become_subreaper, kill_descendants
@@ -80,14 +83,23 @@ def prepare_dirs(paths: SageMakerPaths) -> None:
         directory.mkdir(parents=True, exist_ok=True)
 
 
+@contextlib.contextmanager
+def step(what: str) -> Iterator[None]:
+    """One preparation step: a stop that ends it says which step it ended, and after how long."""
+    started = time.monotonic()
+    try:
+        yield
+    except Stopped as exc:
+        raise Stopped(f"{exc}, during {what} ({time.monotonic() - started:.1f}s in)") from None
+
+
 def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
     started_at = time.time()
     v3 = sdk_v3.load(paths)  # SDK v3 ModelTrainer(source_code=...): its sm_drivers channel says what to run
     if v3 is not None and v3.unsupported:
         sdk_v3.hand_back(v3, os.environ)
-    job = load_job(paths)
+    job = load_job(paths, adjust=None if v3 is None else functools.partial(sdk_v3.apply, v3=v3))
     if v3 is not None:
-        job = sdk_v3.apply(job, v3)
         log.info("%s", sdk_v3.describe(v3, job))
     if log_level_from_job and job.options.program.log_level is not None:
         # The SDK's container_log_level (logging.DEBUG=10, ...), unless SMHVD_LOG_LEVEL says otherwise.
@@ -101,23 +113,30 @@ def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
         job.hardware.gpus,
     )
     become_subreaper()
-    source = resolve_source(job.options.program, paths, os.environ)
-    fetch_source(source, job.options.program.region)
-    entry = program_path(source)
-    requirements = "requirements.txt" if v3 is None else v3.source.requirements
-    if requirements and install_requirements(source.code_dir, name=requirements):
-        log.info("installed %s", source.code_dir / requirements)
-    args = to_script_args if v3 is None else sdk_v3.script_args
-    program = program_command(entry) + args(job.user_hyperparameters)
-    module_dir = job.options.program.submit_directory or str(source.code_dir)
-    env = rank_env(job, os.environ, training_env(job, source.code_dir, source.program, module_dir))
-    if v3 is not None:
-        env.update(sdk_v3.env(v3, job))
-    if job.options.mpi.enabled:
-        env.update(efa_settings(job, env))
-    prepare_dirs(paths)
-    host = job.resources.current_host
     try:
+        # Every step below is a child process (proc/steps.py) or in-process work that a stop interrupts
+        # (cli.PreparationSignals); `finally` ends whatever is left, whatever ended the launch.
+        source = resolve_source(job.options.program, paths, os.environ)
+        with step(f"fetching the code from {source.location}"):
+            fetch_source(source, job.options.program.region)
+        entry = program_path(source)
+        requirements = "requirements.txt" if v3 is None else v3.source.requirements
+        if requirements:
+            named_by = None if v3 is None else (str(v3.drivers_dir / sdk_v3.SOURCE_CODE_JSON), "requirements")
+            with step(f"pip install -r {requirements}"):
+                if install_requirements(source.code_dir, name=requirements, named_by=named_by):
+                    log.info("installed %s", source.code_dir / requirements)
+        args = to_script_args if v3 is None else sdk_v3.script_args
+        program = program_command(entry) + args(job.user_hyperparameters)
+        module_dir = job.options.program.submit_directory or str(source.code_dir)
+        env = rank_env(job, os.environ, training_env(job, source.code_dir, source.program, module_dir))
+        if v3 is not None:
+            env.update(sdk_v3.env(v3, job))
+        if job.options.mpi.enabled:
+            with step("the EFA probe (fi_info)"):
+                env.update(efa_settings(job, env))
+        prepare_dirs(paths)
+        host = job.resources.current_host
         return _run_role(job, source, program, env, host, started_at)
     finally:
         kill_descendants()  # whatever the role, nothing started by this job outlives `train`

@@ -9,24 +9,24 @@ Where the code comes from (`resolve_source`, pure):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 import zlib
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import urlparse
 
-from smhvd.config.launcher_options import ProgramOptions
+from smhvd.config.launcher_options import HYPERPARAMETERS_ORIGIN, CodeOrigin, ProgramOptions
 from smhvd.config.paths import SageMakerPaths
-from smhvd.config.sagemaker_files import shown_key
+from smhvd.config.sagemaker_files import check_path, shown_key
 from smhvd.errors import ConfigError, RequirementsError, SourceError
+from smhvd.proc.steps import last_line, run_step
 
 SourceKind = Literal["directory", "archive", "s3"]
 
@@ -37,46 +37,41 @@ class Source:
     location: str  # a directory, an archive path, or an s3:// URI
     program: str
     code_dir: Path  # where the program runs from
+    origin: CodeOrigin = HYPERPARAMETERS_ORIGIN  # the file and keys that named them (errors name these)
 
 
 def resolve_source(program: ProgramOptions, paths: SageMakerPaths, env: Mapping[str, str]) -> Source:
-    name = program.program or env.get("SAGEMAKER_PROGRAM")
+    origin = program.origin
+    name = program.program
+    if not name and env.get("SAGEMAKER_PROGRAM"):
+        name, origin = (
+            env["SAGEMAKER_PROGRAM"],
+            dataclasses.replace(origin, file="environment", program_key="SAGEMAKER_PROGRAM"),
+        )
     if not name:
         raise ConfigError(
-            "hyperparameters.json",
-            "sagemaker_program",
-            "the training script's file name (or env SAGEMAKER_PROGRAM)",
+            origin.file, origin.program_key, "the training script's file name (or env SAGEMAKER_PROGRAM)"
         )
-    if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
-        raise ConfigError(
-            "hyperparameters.json", "sagemaker_program", "a path relative to the code directory", name
-        )
+    check_path(name, origin.file, origin.program_key, "a path relative to the code directory")
     location = program.submit_directory
     if location is None:
-        return Source("directory", str(paths.code_dir), name, paths.code_dir)
+        return Source("directory", str(paths.code_dir), name, paths.code_dir, origin)
+    where = (origin.file, origin.directory_key)
     if location.startswith("s3://"):
         parsed = urlparse(location)
         if not parsed.netloc or not parsed.path.strip("/"):
-            raise ConfigError(
-                "hyperparameters.json", "sagemaker_submit_directory", "s3://bucket/key", location
-            )
-        return Source("s3", location, name, paths.code_dir)
+            raise ConfigError(*where, "s3://bucket/key", location)
+        return Source("s3", location, name, paths.code_dir, origin)
     if location.startswith("file://"):
         location = urlparse(location).path
     if "://" in location:
-        raise ConfigError(
-            "hyperparameters.json",
-            "sagemaker_submit_directory",
-            "a local directory, a local .tar.gz or an s3:// URI",
-            location,
-        )
+        raise ConfigError(*where, "a local directory, a local .tar.gz or an s3:// URI", location)
+    check_path(location, *where, "a local directory or .tar.gz", relative=False)
     if Path(location).is_dir():
-        return Source("directory", location, name, Path(location))
+        return Source("directory", location, name, Path(location), origin)
     if Path(location).is_file():
-        return Source("archive", location, name, paths.code_dir)
-    raise ConfigError(
-        "hyperparameters.json", "sagemaker_submit_directory", "an existing directory or .tar.gz", location
-    )
+        return Source("archive", location, name, paths.code_dir, origin)
+    raise ConfigError(*where, "an existing directory or .tar.gz", location)
 
 
 def fetch_source(source: Source, region: str | None) -> None:
@@ -95,17 +90,12 @@ def fetch_source(source: Source, region: str | None) -> None:
 
 
 def download_s3(uri: str, target: Path, region: str | None) -> None:
-    parsed = urlparse(uri)
-    try:
-        import boto3
-        from botocore.exceptions import BotoCoreError, ClientError
-    except ImportError:
-        raise SourceError(f"sagemaker_submit_directory: {uri}: boto3 is not installed") from None
-    client = boto3.client("s3", region_name=region or os.environ.get("AWS_REGION") or "us-east-1")
-    try:
-        client.download_file(parsed.netloc, parsed.path.lstrip("/"), str(target))
-    except (BotoCoreError, ClientError) as exc:
-        raise SourceError(f"sagemaker_submit_directory: could not download {uri}: {exc}") from None
+    """Download in a child process (s3_download.py): a stop ends it, and its threads, at once."""
+    argv = [sys.executable, "-m", "smhvd.s3_download", uri, str(target), region or ""]
+    result = run_step(argv)
+    if result.returncode != 0:
+        why = last_line(result.stderr, f"exit {result.returncode}")
+        raise SourceError(f"sagemaker_submit_directory: could not download {uri}: {why}")
 
 
 def extract_archive(archive: Path, target: Path, label: str) -> None:
@@ -137,7 +127,7 @@ def program_path(source: Source) -> Path:
     path = source.code_dir / source.program
     if not path.is_file():
         raise ConfigError(
-            "hyperparameters.json", "sagemaker_program", f"a file in {source.code_dir}", source.program
+            source.origin.file, source.origin.program_key, f"a file in {source.code_dir}", source.program
         )
     return path
 
@@ -154,24 +144,25 @@ def program_command(path: Path, python: str = sys.executable) -> list[str]:
 
 
 def install_requirements(
-    code_dir: Path, python: str = sys.executable, *, name: str = "requirements.txt"
+    code_dir: Path,
+    python: str = sys.executable,
+    *,
+    name: str = "requirements.txt",
+    named_by: tuple[str, str] | None = None,
 ) -> bool:
-    """pip install -r NAME (requirements.txt) when the code has one; True when something was installed."""
+    """pip install -r NAME (requirements.txt) when the code has one; True when something was installed.
+    `named_by` (file, key): the file was asked for by name there, and its absence is an error naming them.
+    pip runs as a step (proc/steps.py): a stop ends it and everything it started at once."""
     requirements = code_dir / name
     if not requirements.is_file():
+        if named_by is not None:
+            raise ConfigError(*named_by, f"a file in {code_dir}", name)
         return False
     argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
-    tail: deque[str] = deque(maxlen=3)
-    with subprocess.Popen(
-        argv, cwd=code_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as pip:
-        assert pip.stdout is not None
-        for line in pip.stdout:  # shown in the job's log as it comes
-            sys.stderr.write(line)
-            if line.strip():
-                tail.append(line.strip())
-    if pip.returncode != 0:
+    result = run_step(argv, cwd=code_dir, echo=True, merge_stderr=True)  # shown in the job's log as it comes
+    if result.returncode != 0:
+        tail = [line.strip() for line in result.text()[0].splitlines() if line.strip()][-3:]
         raise RequirementsError(
-            f"{requirements}: pip install failed (exit {pip.returncode}): {' | '.join(tail)}"
+            f"{requirements}: pip install failed (exit {result.returncode}): {' | '.join(tail)}"
         )
     return True

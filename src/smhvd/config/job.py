@@ -86,7 +86,11 @@ class Job:
         return total if total is not None else self.processes_per_host * len(self.mpi_hosts)
 
 
-def load_job(paths: SageMakerPaths, hardware: Hardware | None = None) -> Job:
+def load_job(
+    paths: SageMakerPaths, hardware: Hardware | None = None, adjust: Callable[[Job], Job] | None = None
+) -> Job:
+    """The job from the /opt/ml tree. `adjust` brings in a second source of configuration (SDK v3's
+    drivers channel: sdk_v3.apply) before the job is validated as a whole."""
     raw_resources = read_json(paths.resource_config, required=True)
     resources = parse_resource_config(raw_resources, str(paths.resource_config))
     raw_input = read_json(paths.input_data_config, required=False)
@@ -107,6 +111,8 @@ def load_job(paths: SageMakerPaths, hardware: Hardware | None = None) -> Job:
         hardware=hardware or Hardware(cpus=num_cpus(), gpus=num_gpus()),
         placement=placement(resources, resources_dict, reserved),
     )
+    if adjust is not None:
+        job = adjust(job)
     interfaces = interface_names() if job.multi_host else set()
     if job.multi_host and job.options.mpi.enabled:
         job = with_usable_interface(job, interfaces, route_interface)

@@ -85,12 +85,25 @@ class LauncherOwnOptions:
 
 
 @dataclass(frozen=True)
+class CodeOrigin:
+    """The file and keys that named the program and its code, for the errors about them."""
+
+    file: str = SOURCE
+    program_key: str = "sagemaker_program"
+    directory_key: str = "sagemaker_submit_directory"
+
+
+HYPERPARAMETERS_ORIGIN = CodeOrigin()
+
+
+@dataclass(frozen=True)
 class ProgramOptions:
     program: str | None
     submit_directory: str | None
     region: str | None
     job_name: str | None
     log_level: int | None
+    origin: CodeOrigin = HYPERPARAMETERS_ORIGIN  # SDK v3: its sourcecode.json (sdk_v3.apply)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ no EFA (the security group or the image's EFA software is missing, and the job w
 from __future__ import annotations
 
 import re
-import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+from smhvd.proc.steps import StepResult, run_step
 
 PROBE_ARGV = ("fi_info", "-p", "efa", "-t", "FI_EP_RDM", "-v")
 PROBE_TIMEOUT = 15.0
@@ -62,14 +63,22 @@ def read_probe(returncode: int | None, stdout: str, stderr: str) -> EfaProbe:
     return EfaProbe(True, rdma, f"fi_info -p efa: provider found, RDMA read {'yes' if rdma else 'no'}")
 
 
-def probe(run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> EfaProbe:
+def _run_probe(argv: Sequence[str], timeout: float) -> StepResult:
+    return run_step(argv, timeout=timeout)
+
+
+def probe(run: Callable[[Sequence[str], float], StepResult] = _run_probe) -> EfaProbe:
+    """Run fi_info as a step (proc/steps.py): bounded, stopped with whatever it starts, nothing of it left
+    running afterwards; its output is data (bytes that are not UTF-8 are replaced, never an error)."""
     try:
-        proc = run(list(PROBE_ARGV), capture_output=True, text=True, timeout=PROBE_TIMEOUT, check=False)
+        result = run(PROBE_ARGV, PROBE_TIMEOUT)
     except FileNotFoundError:
         return read_probe(None, "", "")
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except OSError as exc:
         return EfaProbe(False, False, f"fi_info failed: {exc}")
-    return read_probe(proc.returncode, proc.stdout, proc.stderr)
+    if result.returncode is None:
+        return EfaProbe(False, False, f"fi_info did not finish within {PROBE_TIMEOUT:g}s (ended)")
+    return read_probe(result.returncode, *result.text())
 
 
 def efa_env(found: EfaProbe, env: Mapping[str, str]) -> dict[str, str]:

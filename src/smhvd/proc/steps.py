@@ -1,0 +1,177 @@
+"""Preparation steps (the code's download, pip, the EFA probe) as child processes that end with their tree.
+
+A step runs in its own process group, with its output kept (the last OUTPUT_LIMIT bytes of each stream) and,
+if asked, shown in the job's log as it comes. However the wait ends, nothing the step started is left running:
+
+- the step exits: whatever it left behind (a helper holding its output, a daemon) is killed;
+- its deadline passes, or an exception reaches the wait (a stop: until a role takes over the signals, cli.py
+  turns SIGTERM into `Stopped`, raised wherever the launcher is): the step's process group and every process
+  started since the step began get SIGTERM, and SIGKILL STOP_GRACE seconds later if any is still alive.
+
+"Started since the step began" is exact because the launcher is a child subreaper (processes.py): a process
+that daemonizes is re-parented to the launcher, so it is still one of its descendants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from smhvd.errors import WaitTimeout
+from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_alive, signal_pids
+from smhvd.proc.waiting import NotYet, wait_until
+
+OUTPUT_LIMIT = 1 << 20  # of each stream, the last this many bytes are kept
+STOP_GRACE = 3.0  # SIGTERM, then SIGKILL this long after to what ignored it (as mpirun after an abort)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    returncode: int | None  # None: the deadline passed and the step was ended
+    stdout: bytes
+    stderr: bytes  # empty when stderr was merged into stdout
+
+    def text(self) -> tuple[str, str]:
+        """stdout and stderr as text: a step's output is data, never a reason to fail (bytes that are not
+        UTF-8 become U+FFFD)."""
+        return self.stdout.decode(errors="replace"), self.stderr.decode(errors="replace")
+
+
+def last_line(output: bytes, default: str = "no output") -> str:
+    """The last non-empty line of a step's output, as text (for a one-line error)."""
+    lines = [line.strip() for line in output.decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else default
+
+
+def run_step(
+    argv: Sequence[str],
+    *,
+    timeout: float | None = None,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    echo: bool = False,
+    merge_stderr: bool = False,
+) -> StepResult:
+    """Run argv to its end (or `timeout` seconds); `echo` copies its output to this process's stderr as it
+    comes. Raises what Popen raises (FileNotFoundError: no such program) and whatever interrupts the wait,
+    after the step's process tree was ended."""
+    before = set(descendants())
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        start_new_session=True,  # its own process group: one signal reaches what it starts
+        preexec_fn=die_with_parent,  # noqa: PLW1509  (a launcher killed outright leaves no step behind)
+    )
+    streams = [s for s in (proc.stdout, proc.stderr) if s is not None]
+    kept = {s.fileno(): bytearray() for s in streams}  # stdout first, then stderr (dicts keep order)
+    try:
+        finished = _wait(proc, kept, echo, None if timeout is None else time.monotonic() + timeout)
+        if finished:
+            _kill(proc, before)  # what it left behind
+        else:
+            end_tree(proc, before)
+    except BaseException:
+        end_tree(proc, before)
+        raise
+    finally:
+        for stream in streams:
+            stream.close()
+    out, err = [*map(bytes, kept.values()), b""][:2]
+    return StepResult(proc.returncode if finished else None, out, err)
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], kept: dict[int, bytearray], echo: bool, deadline: float | None
+) -> bool:
+    """Read the step's output until it exits (True) or the deadline passes (False)."""
+    exited = os.pidfd_open(proc.pid)
+    try:
+        with selectors.DefaultSelector() as sel:
+            for fd in kept:
+                sel.register(fd, selectors.EVENT_READ)
+            sel.register(exited, selectors.EVENT_READ)
+            while True:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                for key, _ in sel.select(remaining):
+                    if key.fd == exited:
+                        # The step ends when its process does, not when every copy of its output closes (a
+                        # process it left behind may hold one): take what is in the pipes, stop reading.
+                        for fd, buffer in kept.items():
+                            for chunk in drain_pipe(fd):
+                                _keep(buffer, chunk, echo)
+                        return True
+                    chunk = os.read(key.fd, 65536)
+                    if chunk:
+                        _keep(kept[key.fd], chunk, echo)
+                    else:
+                        sel.unregister(key.fd)
+    finally:
+        os.close(exited)
+
+
+def _keep(buffer: bytearray, chunk: bytes, echo: bool) -> None:
+    if echo:
+        os.write(2, chunk)
+    buffer += chunk
+    if len(buffer) > OUTPUT_LIMIT:
+        del buffer[: len(buffer) - OUTPUT_LIMIT]
+
+
+def _started_since(before: set[int]) -> list[int]:
+    return [pid for pid in descendants() if pid not in before]
+
+
+def _signal_tree(proc: subprocess.Popen[bytes], pids: Iterable[int], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)  # the step's group (its pid stays reserved until it is reaped below)
+    signal_pids(pids, sig)
+
+
+def _reap(pids: Iterable[int]) -> None:
+    """Reap those of `pids` that are exited children of this process (orphans re-parented to it)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def end_tree(proc: subprocess.Popen[bytes], before: set[int], grace: float = STOP_GRACE) -> None:
+    """SIGTERM to the step's group and every process started since it began; SIGKILL after `grace` to what
+    is still alive; the step and the orphans it left reaped."""
+    _signal_tree(proc, _started_since(before), signal.SIGTERM)
+    _wait_gone(proc, before, grace, "the step's processes to end after SIGTERM")
+    _kill(proc, before)
+
+
+def _kill(proc: subprocess.Popen[bytes], before: set[int]) -> None:
+    """SIGKILL to the step's group and every process started since it began; the step reaped."""
+    _signal_tree(proc, _started_since(before), signal.SIGKILL)
+    _wait_gone(proc, before, STOP_GRACE, "the step's processes to end after SIGKILL")
+    proc.wait()
+
+
+def _wait_gone(proc: subprocess.Popen[bytes], before: set[int], timeout: float, what: str) -> None:
+    """Wait (bounded) until nothing started since the step began is alive, reaping the orphans among them."""
+
+    def gone() -> bool | None:
+        started = _started_since(before)
+        _reap(pid for pid in started if pid != proc.pid)
+        alive = [pid for pid in started if is_alive(pid)]
+        if alive:
+            raise NotYet(f"{len(alive)} process(es) still running")
+        return True
+
+    with contextlib.suppress(WaitTimeout):
+        wait_until(gone, what=what, timeout=timeout, initial=0.005, maximum=0.1)

@@ -1,0 +1,208 @@
+"""A stop while `train` prepares the job (code download, pip, the EFA probe) ends it at once, with everything
+it started; SIGUSR1 then (a stack-dump request, with no rank to dump) changes nothing.
+
+The hanging servers are real sockets that accept connections (the kernel completes the handshake on a
+listening socket) and never answer: what pip or boto3 meet behind a dead proxy. No EFA device exists here: a
+fake `fi_info` first on PATH stands in for libfabric's, forking a helper as a real probe can."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from smhvd.proc.processes import cmdline, descendants, is_alive
+from smhvd.proc.steps import STOP_GRACE
+from smhvd.proc.waiting import NotYet, wait_until
+
+pytestmark = pytest.mark.integration
+
+TRAIN = Path(sys.executable).parent / "train"
+# A stop must end `train` within this bound (measured: about 0.05 s); pip and boto3 wait 60 s and more.
+STOP_BOUND = STOP_GRACE + 2.0
+SCRIPT = "open('ran', 'w').write('the script must not run')\n"
+
+
+@pytest.fixture
+def silent_server() -> Iterator[socket.socket]:
+    """A TCP port on loopback that accepts connections and never answers."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        yield server
+
+
+def wait_for_client(server: socket.socket) -> None:
+    """Until a client's connection is queued on `server` (the client now waits for an answer)."""
+
+    def pending() -> bool:
+        if select.select([server], [], [], 0)[0]:
+            return True
+        raise NotYet("no connection yet")
+
+    wait_until(pending, what="a client to connect to the silent server", timeout=60)
+
+
+def wait_for_file(path: Path) -> None:
+    wait_until(lambda: True if path.exists() else None, what=f"{path} to appear", timeout=60)
+
+
+def start(job, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(TRAIN)],
+        env={**os.environ, "SAGEMAKER_BASE_DIR": str(job.paths.base), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def end(train: subprocess.Popen[str], timeout: float) -> str:
+    """`train`'s stderr once it exited; past `timeout`, its tree is killed and the test fails."""
+    try:
+        return train.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        for pid in [*reversed(descendants(train.pid)), train.pid]:
+            os.kill(pid, signal.SIGKILL)
+        train.communicate()
+        raise AssertionError(f"train did not exit within {timeout:g}s") from None
+
+
+def stop(train: subprocess.Popen[str], sig: int) -> tuple[list[int], float, str]:
+    """Send `sig`: (the job's processes at that moment, seconds until `train` exited, its stderr)."""
+    tree = descendants(train.pid)
+    sent = time.monotonic()
+    train.send_signal(sig)
+    stderr = end(train, STOP_BOUND + 10)
+    return tree, time.monotonic() - sent, stderr
+
+
+def assert_stopped(job, train, stopped: tuple[list[int], float, str], sig: int, during: str) -> None:
+    tree, seconds, stderr = stopped
+    assert train.returncode == 143, stderr
+    assert seconds < STOP_BOUND, f"{seconds:.1f}s"
+    assert tree, "the step had no process"
+    left = [(pid, cmdline(pid)) for pid in tree if is_alive(pid)]
+    assert not left, f"left running: {left}"
+    assert "Traceback" not in stderr, stderr
+    failure = job.failure()
+    reason = f"stopped by {signal.Signals(sig).name} before the job started, during {during}"
+    assert failure is not None and failure.startswith(reason), (failure, stderr)
+    assert not (job.code / "ran").exists()
+
+
+def pip_env(server: socket.socket) -> dict[str, str]:
+    """pip with the silent server as its only index (no config file, no local wheels)."""
+    return {
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": f"http://127.0.0.1:{server.getsockname()[1]}/simple",
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+        "PIP_DEFAULT_TIMEOUT": "60",
+        "PIP_RETRIES": "0",
+    }
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_stop_during_pip_ends_pip_and_its_tree_at_once(train_job, silent_server, sig):
+    job = train_job(SCRIPT)
+    (job.code / "requirements.txt").write_text("smhvd-no-such-package==1.0\n")
+    train = start(job, pip_env(silent_server))
+    wait_for_client(silent_server)
+    assert any(cmdline(pid)[1:3] == ["-m", "pip"] for pid in descendants(train.pid))
+    stopped = stop(train, sig)
+    assert_stopped(job, train, stopped, sig, "pip install -r requirements.txt")
+
+
+def test_sigusr1_during_preparation_is_harmless(train_job, silent_server):
+    job = train_job(SCRIPT)
+    (job.code / "requirements.txt").write_text("smhvd-no-such-package==1.0\n")
+    train = start(job, pip_env(silent_server))
+    wait_for_client(silent_server)
+    pip = [pid for pid in descendants(train.pid) if cmdline(pid)[1:3] == ["-m", "pip"]]
+    for _ in range(3):
+        train.send_signal(signal.SIGUSR1)
+    with pytest.raises(subprocess.TimeoutExpired):
+        train.wait(timeout=1.0)  # still preparing: SIGUSR1's default action would have ended it (138)
+    assert pip and all(is_alive(pid) for pid in pip)
+    stopped = stop(train, signal.SIGTERM)
+    assert "SIGUSR1: no rank is running yet" in stopped[2]
+    assert_stopped(job, train, stopped, signal.SIGTERM, "pip install -r requirements.txt")
+
+
+def test_a_stop_during_the_code_download_ends_it_at_once(train_job, silent_server):
+    job = train_job(SCRIPT, {"sagemaker_submit_directory": "s3://jobs/j1/sourcedir.tar.gz"})
+    env = {
+        "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{silent_server.getsockname()[1]}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }
+    train = start(job, env)
+    wait_for_client(silent_server)
+    stopped = stop(train, signal.SIGTERM)
+    assert_stopped(
+        job, train, stopped, signal.SIGTERM, "fetching the code from s3://jobs/j1/sourcedir.tar.gz"
+    )
+
+
+# Stand-ins for libfabric's fi_info (no EFA device here). HANGING forks a helper that records its pid, then
+# waits; LEAVING prints EFA's provider line and bytes that are not UTF-8, and exits leaving its helper behind.
+HANGING_FI_INFO = """\
+#!/bin/bash
+sleep 300 &
+echo $! > "$FI_INFO_HELPER.tmp" && mv "$FI_INFO_HELPER.tmp" "$FI_INFO_HELPER"
+sleep 301
+"""
+LEAVING_FI_INFO = """\
+#!/bin/bash
+sleep 300 >/dev/null 2>&1 &
+echo $! > "$FI_INFO_HELPER"
+printf 'provider: efa\\n    caps: [ FI_MSG, FI_RMA ]\\n\\xff\\xfe\\n'
+"""
+
+
+@pytest.fixture
+def fake_fi_info(tmp_path: Path) -> Iterator[Callable[[str], dict[str, str]]]:
+    """make(script) -> the environment that puts it first on PATH as `fi_info`; the helper it forks is
+    killed at the end if the launcher left it (tests leave nothing behind, whatever the launcher did)."""
+    helper = tmp_path / "helper.pid"
+
+    def make(text: str) -> dict[str, str]:
+        bin_dir = tmp_path / "fake-bin"
+        bin_dir.mkdir()
+        (bin_dir / "fi_info").write_text(text)
+        (bin_dir / "fi_info").chmod(0o755)
+        return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FI_INFO_HELPER": str(helper)}
+
+    yield make
+    if helper.exists() and is_alive(pid := int(helper.read_text())):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stop_during_the_efa_probe_ends_fi_info_and_its_child(train_job, tmp_path, fake_fi_info):
+    job = train_job(SCRIPT)
+    train = start(job, fake_fi_info(HANGING_FI_INFO))
+    wait_for_file(tmp_path / "helper.pid")
+    stopped = stop(train, signal.SIGTERM)
+    helper = int((tmp_path / "helper.pid").read_text())
+    assert helper in stopped[0]
+    assert_stopped(job, train, stopped, signal.SIGTERM, "the EFA probe (fi_info)")
+
+
+def test_a_probe_is_data_and_leaves_nothing_behind(train_job, tmp_path, fake_fi_info):
+    """fi_info printing bytes that are not UTF-8 is read (EFA found), and the helper it left is killed."""
+    job = train_job("import sys; print('the job ran', file=sys.stderr)\n")
+    train = start(job, fake_fi_info(LEAVING_FI_INFO))
+    stderr = end(train, 120)
+    assert train.returncode == 0, stderr
+    assert "EFA: fi_info -p efa: provider found, RDMA read yes" in stderr
+    assert "the job ran" in stderr
+    assert not is_alive(int((tmp_path / "helper.pid").read_text()))

@@ -1,0 +1,142 @@
+"""Preparation steps (proc/steps.py) with real processes: output kept, and nothing a step started left
+running, whether it exits, runs past its deadline, or is interrupted by a stop (an exception raised by a
+signal handler, as `train` raises Stopped)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from smhvd.proc.processes import is_alive
+from smhvd.proc.steps import STOP_GRACE, StepResult, last_line, run_step
+from smhvd.proc.waiting import wait_until
+
+# A step that starts a helper (which keeps the step's stdout open) and a daemon in its own session, writes
+# their pids, prints bytes that are not UTF-8, then exits or hangs.
+LEAVES_HELPERS = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    out = sys.argv[1]
+    helper = subprocess.Popen(["sleep", "300"])
+    daemon = subprocess.Popen(["sleep", "301"], start_new_session=True, stdout=subprocess.DEVNULL)
+    with open(out + ".tmp", "w") as f:
+        f.write(f"{helper.pid} {daemon.pid}")
+    os.rename(out + ".tmp", out)
+    sys.stdout.buffer.write(b"provider: efa\\n\\xff\\xfe not UTF-8\\n")
+    sys.stdout.flush()
+    print("to stderr", file=sys.stderr, flush=True)
+    if sys.argv[2] == "hang":
+        time.sleep(300)
+    sys.exit(int(sys.argv[2]))
+    """
+)
+
+
+# What `train` is when it runs a step: a child subreaper whose SIGTERM handler raises Stopped in the main
+# thread. argv: STEP_ARGV_JSON TIMEOUT ('' for none); prints the result as JSON.
+DRIVER = textwrap.dedent(
+    """
+    import json, signal, sys
+    from smhvd.errors import Stopped
+    from smhvd.proc.processes import become_subreaper
+    from smhvd.proc.steps import run_step
+
+    def stop(signum, frame):
+        raise Stopped("stopped by SIGTERM")
+
+    become_subreaper()
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        r = run_step(json.loads(sys.argv[1]), timeout=float(sys.argv[2]) if sys.argv[2] else None)
+    except Stopped:
+        print(json.dumps({"stopped": True}))
+    else:
+        print(json.dumps({"returncode": r.returncode, "stdout": r.stdout.hex(), "stderr": r.stderr.hex()}))
+    """
+)
+
+
+def drive(step: list[str], timeout: float | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, json.dumps(step), "" if timeout is None else str(timeout)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(driver: subprocess.Popen[str]) -> dict[str, object]:
+    out, _ = driver.communicate(timeout=60)
+    assert driver.returncode == 0
+    return json.loads(out)
+
+
+def helpers(pids_file: Path) -> list[int]:
+    return [int(p) for p in pids_file.read_text().split()]
+
+
+def wait_for(path: Path) -> None:
+    wait_until(lambda: True if path.exists() else None, what=f"{path} to appear", timeout=30)
+
+
+def test_output_is_kept_and_what_the_step_left_is_killed(tmp_path):
+    pids = tmp_path / "pids"
+    started = time.monotonic()
+    result = finish(drive([sys.executable, "-c", LEAVES_HELPERS, str(pids), "3"], timeout=60))
+    assert time.monotonic() - started < 30  # the helper holding stdout for 300 s did not hold the step
+    assert result["returncode"] == 3
+    stdout = bytes.fromhex(str(result["stdout"]))
+    assert stdout == b"provider: efa\n\xff\xfe not UTF-8\n"
+    assert bytes.fromhex(str(result["stderr"])) == b"to stderr\n"
+    assert not any(is_alive(pid) for pid in helpers(pids))
+
+
+def test_output_is_data_never_a_decoding_error():
+    result = StepResult(0, b"provider: efa\n\xff\xfe not UTF-8\n", b"\xc3")
+    assert result.text() == ("provider: efa\n\ufffd\ufffd not UTF-8\n", "\ufffd")
+    assert last_line(result.stdout) == "\ufffd\ufffd not UTF-8"
+    assert last_line(b" \n", "no output") == "no output"
+
+
+def test_a_step_past_its_deadline_is_ended_with_its_tree(tmp_path):
+    pids = tmp_path / "pids"
+    result = finish(drive([sys.executable, "-c", LEAVES_HELPERS, str(pids), "hang"], timeout=3))
+    assert result["returncode"] is None
+    assert b"provider: efa" in bytes.fromhex(str(result["stdout"]))
+    assert not any(is_alive(pid) for pid in helpers(pids))
+
+
+def test_a_stop_ends_the_step_and_its_tree_at_once(tmp_path):
+    pids = tmp_path / "pids"
+    driver = drive([sys.executable, "-c", LEAVES_HELPERS, str(pids), "hang"])
+    wait_for(pids)
+    started = time.monotonic()
+    driver.send_signal(signal.SIGTERM)
+    assert finish(driver) == {"stopped": True}
+    assert time.monotonic() - started < STOP_GRACE  # SIGTERM ended it: not the step's 300 s
+    assert not any(is_alive(pid) for pid in helpers(pids))
+
+
+def test_a_step_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    ready = tmp_path / "ready"
+    script = (
+        "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "pathlib.Path(sys.argv[1]).touch(); time.sleep(300)"
+    )
+    driver = drive([sys.executable, "-c", script, str(ready)])
+    wait_for(ready)
+    started = time.monotonic()
+    driver.send_signal(signal.SIGTERM)
+    assert finish(driver) == {"stopped": True}
+    assert STOP_GRACE <= time.monotonic() - started < STOP_GRACE + 20
+
+
+def test_a_missing_program_raises_file_not_found():
+    with pytest.raises(FileNotFoundError):
+        run_step(["/nonexistent/fi_info"])
