@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from smhvd.cli import main
 from smhvd.proc.processes import read_process_table
 
 pytestmark = pytest.mark.integration
@@ -20,11 +21,13 @@ pytestmark = pytest.mark.integration
 MUST_NOT_RUN = "open('/dev/null'); raise SystemExit('the script must not run')"
 
 
-def run(job, tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(
+    job, tmp_path: Path, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`train` with a private TMPDIR (so that what mpirun leaves there can be checked)."""
     tmp = tmp_path / "tmpdir"
     tmp.mkdir(exist_ok=True)
-    return job.run(timeout=timeout, env={"TMPDIR": str(tmp)})
+    return job.run(timeout=timeout, env={"TMPDIR": str(tmp), **(env or {})})
 
 
 def assert_refused(job, result, code: int, message: str) -> None:
@@ -165,6 +168,20 @@ def test_the_job_ends_when_the_script_does_and_its_leftovers_are_killed(train_jo
         ({"nul\x00key": "1"}, "'nul\\x00key': expected a name of text without NUL characters"),
         ({"big": "x" * 200_000}, "big: expected hyperparameters of at most 65536 bytes in all"),
         ({"deep": json.loads("[" * 150 + "]" * 150)}, "deep: expected a value nested at most 100 deep"),
+        (
+            {"sagemaker_program": "a" * 300 + ".py"},
+            "hyperparameters.json: sagemaker_program: expected a path relative to the code directory "
+            "(names of at most 255 bytes between slashes, not 303)",
+        ),
+        (
+            {"sagemaker_submit_directory": "/tmp/" + "d" * 300},
+            "hyperparameters.json: sagemaker_submit_directory: expected a local directory or .tar.gz "
+            "(names of at most 255 bytes between slashes, not 300)",
+        ),
+        (
+            {"sagemaker_program": "nope.py"},
+            "hyperparameters.json: sagemaker_program: expected a file in ",
+        ),
     ],
 )
 def test_bad_hyperparameters_are_one_line_and_78(train_job, tmp_path, hyperparameters, message):
@@ -196,6 +213,62 @@ def test_unreadable_hyperparameters_files_are_one_line_and_78(train_job, tmp_pat
     write_raw_hyperparameters(job, raw)
     result = run(job, tmp_path)
     assert_refused(job, result, 78, message)
+
+
+@pytest.mark.parametrize("level", ["debug", "10", "Debug"])
+def test_the_log_level_by_name_in_any_case_or_number(train_job, tmp_path, level):
+    job = train_job("print('ran')", {"sagemaker_mpi_enabled": False})
+    result = job.run(timeout=120, env={"SMHVD_LOG_LEVEL": level})
+    assert result.returncode == 0, result.stderr
+    assert " DEBUG job: host algo-1 of algo-1" in result.stderr
+
+
+def test_an_unknown_log_level_is_one_line_and_78(train_job, tmp_path):
+    job = train_job(MUST_NOT_RUN)
+    result = run(job, tmp_path, env={"SMHVD_LOG_LEVEL": "TRACE"})
+    assert_refused(
+        job,
+        result,
+        78,
+        "environment: SMHVD_LOG_LEVEL: expected DEBUG, INFO, WARNING, ERROR or CRITICAL (any case) or a "
+        "number from 0 to 50, got 'TRACE'",
+    )
+    assert main(["--log-level", "trace", "--base-dir", str(job.paths.base)]) == 64
+
+
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        (
+            [("a", ["algo-1"]), ("b", ["algo-1"])],
+            "instance_groups[1].hosts: expected hosts of no other group",
+        ),
+        ([("a", ["algo-1"]), ("a", [])], "instance_groups[1].hosts: expected a non-empty list of host names"),
+        (
+            [("a", ["algo-1"]), ("a", ["algo-1"])],
+            "instance_groups[1].instance_group_name: expected a name no",
+        ),
+    ],
+    ids=["host-in-two-groups", "empty-group", "same-name"],
+)
+def test_instance_groups_that_overlap_are_refused_at_load(train_job, tmp_path, groups, message):
+    job = train_job(MUST_NOT_RUN)
+    config = {
+        "current_host": "algo-1",
+        "hosts": ["algo-1"],
+        "current_group_name": "a",
+        "instance_groups": [{"instance_group_name": n, "instance_type": "t", "hosts": h} for n, h in groups],
+    }
+    job.paths.resource_config.write_text(json.dumps(config))
+    assert_refused(job, run(job, tmp_path), 78, message)
+
+
+def test_a_program_named_by_the_environment_is_reported_as_such(train_job, tmp_path):
+    job = train_job(MUST_NOT_RUN, {"sagemaker_program": None})
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    result = job.run(timeout=120, env={"TMPDIR": str(tmp), "SAGEMAKER_PROGRAM": "missing.py"})
+    assert_refused(job, result, 78, "environment: SAGEMAKER_PROGRAM: expected a file in ")
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from smhvd.cli import log_level
 from smhvd.config.hyperparameters import MAX_TOTAL_BYTES, decode_hyperparameters, to_script_args
 from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, parse_launcher_options
 from smhvd.config.sagemaker_files import parse_input_data_config, parse_resource_config, read_json
@@ -215,3 +216,41 @@ def test_a_session_directory_is_removed_by_the_pid_that_made_it(tmp_path):
     remove_session_dir(456, env)
     assert list(tmp_path.iterdir()) == []  # and the emptied top directory goes too
     assert json.dumps(session_dirs(1, {})) == "[]"
+
+
+LEVELS = [("debug", 10), ("DEBUG", 10), ("Info", 20), ("warn", 30), ("WARNING", 30), ("error", 40)]
+LEVELS += [(" critical ", 50), ("debug\n", 10), ("10", 10), ("0", 0), ("5", 5), ("50", 50)]
+
+
+@pytest.mark.parametrize(("text", "level"), LEVELS)
+def test_log_levels_by_name_in_any_case_or_by_number(text, level):
+    assert log_level(text) == level
+
+
+ARABIC_TEN = "\u0661\u0660"  # digits int() would accept
+
+
+@pytest.mark.parametrize("text", ["TRACE", "", "51", "-1", "1e1", "10.0", ARABIC_TEN, "INFO;rm", "x" * 5000])
+def test_other_log_levels_are_refused_saying_what_is_accepted(text):
+    with pytest.raises(ValueError, match="expected DEBUG, INFO, WARNING, ERROR or CRITICAL"):
+        log_level(text)
+
+
+def test_instance_groups_are_a_partition_of_the_hosts():
+    base = {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"], "current_group_name": "a"}
+
+    def groups(*items: tuple[str, list[str]]) -> dict[str, object]:
+        entries = [{"instance_group_name": n, "instance_type": "ml.c5.xlarge", "hosts": h} for n, h in items]
+        return base | {"instance_groups": entries}
+
+    parse_resource_config(groups(("a", ["algo-1"]), ("b", ["algo-2"])))  # the usual shape
+    with pytest.raises(ConfigError, match=r"instance_groups\[1\].hosts: expected hosts of no other group"):
+        parse_resource_config(groups(("a", ["algo-1"]), ("b", ["algo-1", "algo-2"])))
+    with pytest.raises(
+        ConfigError, match=r"instance_groups\[1\].instance_group_name: expected a name no other"
+    ):
+        parse_resource_config(groups(("a", ["algo-1"]), ("a", ["algo-2"])))
+    with pytest.raises(
+        ConfigError, match=r"current_group_name: expected the group of current_host \(\['b'\]\)"
+    ):
+        parse_resource_config(groups(("a", ["algo-2"]), ("b", ["algo-1"])))

@@ -6,6 +6,8 @@ _LocalContainer._write_config_files); tests/images/test_sdk_v3_local.py runs the
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +17,8 @@ import pytest
 from smhvd.cli import main
 from smhvd.config import sdk_v3
 from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters
-from smhvd.config.job import Hardware, Job
-from smhvd.config.launcher_options import parse_launcher_options
+from smhvd.config.job import Hardware, Job, load_job
+from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, parse_launcher_options
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import parse_resource_config
 from smhvd.config.sdk_v3 import Distributed, SourceCode, V3Job
@@ -316,3 +318,162 @@ def test_the_images_bash_env_hands_exactly_v3s_command_to_train(tmp_path, comman
     out = proc.stdout + proc.stderr
     assert expected in out
     assert ("train ran" in out) == (command == sdk_v3.SM_TRAIN_COMMAND)
+
+
+def refused_by_train(paths: SageMakerPaths, env: dict[str, str] | None = None) -> tuple[str, str]:
+    """`train` on the tree must refuse it as the README promises: exit 78, one ERROR line, the failure file
+    saying the same, nothing started. Returns (the ERROR line, the failure file)."""
+    with subprocess.Popen(
+        [str(Path(sys.executable).parent / "train"), "--base-dir", str(paths.base)],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a launcher that wrongly starts the job: its whole session is killed below
+    ) as proc:
+        try:
+            stderr = proc.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError("train did not refuse the job") from None
+    assert proc.returncode == 78, stderr
+    errors = [line for line in stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    assert "starting" not in stderr and not (paths.output_data_dir / "run.json").exists()
+    failure = paths.failure_file.read_text()
+    assert "\n" not in failure and failure in errors[0]
+    return errors[0], failure
+
+
+LONG = "a" * 300 + ".py"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("sourcecode", "distributed", "message"),
+    [
+        (
+            {},
+            {"process_count_per_node": 100000},
+            "distributed.json: process_count_per_node: expected an integer <= 1024, got 100000",
+        ),
+        (
+            {"entry_script": LONG},
+            {},
+            "sourcecode.json: entry_script: expected a path relative to source_dir "
+            "(names of at most 255 bytes between slashes, not 303)",
+        ),
+        (
+            {"requirements": "r" * 300},
+            {},
+            "sourcecode.json: requirements: expected a path relative to source_dir "
+            "(names of at most 255 bytes",
+        ),
+        ({"entry_script": "nope.py"}, {}, "sourcecode.json: entry_script: expected a file in "),
+        ({"requirements": "missing.txt"}, {}, "sourcecode.json: requirements: expected a file in "),
+        (
+            {"entry_script": "a\x00.py"},
+            {},
+            "sourcecode.json: entry_script: expected a path relative to source_dir",
+        ),
+        (
+            {"entry_script": "\udcff.py"},
+            {},
+            "sourcecode.json: entry_script: expected a path relative to source_dir",
+        ),
+        (
+            {"source_dir": "/home/me/" + "c" * 300 + ".tar.gz"},
+            {},
+            "sourcecode.json: source_dir: expected a .tar.gz of a valid file name "
+            "(names of at most 255 bytes",
+        ),
+        (
+            {},
+            {"mpi_additional_options": ["-x", "A=\x00"]},
+            "distributed.json: mpi_additional_options[1]: expected an argument without NUL",
+        ),
+    ],
+    ids=[
+        "np-100000",
+        "long-entry-script",
+        "long-requirements",
+        "missing-entry-script",
+        "missing-requirements",
+        "nul-entry-script",
+        "surrogate-entry-script",
+        "long-tarball-name",
+        "nul-mpi-option",
+    ],
+)
+def test_v3_values_are_bounded_and_errors_name_the_v3_file_and_key(
+    tmp_path, sourcecode, distributed, message
+):
+    source = {"source_dir": "/somewhere/src", "entry_script": "rec.py", "requirements": None} | sourcecode
+    dist = {"process_count_per_node": 1, "mpi_additional_options": None} | distributed
+    paths = write_v3_tree(
+        tmp_path / "ml", sourcecode=json.dumps(source), distributed=json.dumps(dist), hosts=("algo-1",)
+    )
+    (paths.channel_dir("code") / "rec.py").write_text(RECORDER)
+    line, failure = refused_by_train(paths)
+    assert message in line, line
+    assert failure.startswith(str(paths.channel_dir("sm_drivers")))  # the full path of the v3 file
+
+
+@pytest.mark.integration
+def test_a_missing_code_channel_names_the_v3_file(tmp_path):
+    paths = write_v3_tree(tmp_path / "ml", distributed=DISTRIBUTED_NONE_JSON, hosts=("algo-1",))
+    paths.channel_dir("code").rmdir()
+    line, _ = refused_by_train(paths)
+    assert "sourcecode.json: source_dir: expected an existing directory or .tar.gz" in line
+
+
+def test_v3_and_v2_share_one_cap_on_processes_per_host():
+    assert sdk_v3.parse_distributed(
+        {"process_count_per_node": MAX_PROCESSES_PER_HOST, "mpi_additional_options": None}
+    ) == Distributed("mpi", MAX_PROCESSES_PER_HOST)
+    with pytest.raises(ConfigError, match=f"expected an integer <= {MAX_PROCESSES_PER_HOST}"):
+        sdk_v3.parse_distributed(
+            {"process_count_per_node": MAX_PROCESSES_PER_HOST + 1, "mpi_additional_options": None}
+        )
+    with pytest.raises(ConfigError, match=f"expected an integer <= {MAX_PROCESSES_PER_HOST}"):
+        parse_launcher_options({"sagemaker_mpi_num_of_processes_per_host": str(MAX_PROCESSES_PER_HOST + 1)})
+
+
+def test_the_whole_job_is_validated_after_v3s_files_are_read(tmp_path):
+    """sagemaker_mpi_num_processes beyond what v3's process_count_per_node allows is refused at load."""
+    hps = json.dumps({"sagemaker_mpi_num_processes": "8"})
+    paths = write_v3_tree(tmp_path / "ml", hyperparameters=hps, hosts=("algo-1",))
+    v3 = sdk_v3.load(paths)
+    assert v3 is not None
+    with pytest.raises(
+        ConfigError, match=r"sagemaker_mpi_num_processes: expected at most 2 \(2 per host x 1 hosts\)"
+    ):
+        load_job(paths, Hardware(cpus=2, gpus=0), adjust=lambda job: sdk_v3.apply(job, v3))
+
+
+@pytest.mark.parametrize("how", ["script", "stdin"])
+def test_an_inherited_bash_execution_string_is_not_v3s_shell(tmp_path, how):
+    """A parent that exports BASH_EXECUTION_STRING (it holds v3's command in v3's own shell) must not turn
+    a later `bash script.sh` into `train`: only a `bash -c` shell sets the variable itself."""
+    fake = tmp_path / "bin" / "train"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "train ran"\n')
+    fake.chmod(0o755)
+    script = tmp_path / "script.sh"
+    script.write_text("echo the script ran\n")
+    env = {
+        "PATH": f"{fake.parent}:/usr/bin:/bin",
+        "BASH_ENV": str(BASH_ENV_FILE),
+        "BASH_EXECUTION_STRING": sdk_v3.SM_TRAIN_COMMAND,
+    }
+    argv = ["/bin/bash", str(script)] if how == "script" else ["/bin/bash", "-s"]
+    proc = subprocess.run(
+        argv,
+        input=None if how == "script" else script.read_text(),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.stdout == "the script ran\n", proc.stdout + proc.stderr

@@ -47,7 +47,7 @@ def decode_hyperparameters(raw: Mapping[str, object]) -> dict[str, object]:
     return decoded
 
 
-def _carriable(text: str) -> bool:
+def carriable(text: str) -> bool:
     """No NUL (it ends a C string: exec fails) and valid Unicode (a lone surrogate cannot be encoded)."""
     if "\0" in text:
         return False
@@ -61,14 +61,14 @@ def _carriable(text: str) -> bool:
 def check_value(key: str, value: object) -> None:
     """Refuse what no process can receive as an argument or variable: one ConfigError naming the key."""
     expected = "text without NUL characters or lone surrogates (it becomes an argument and a variable)"
-    if not _carriable(key):
+    if not carriable(key):
         raise ConfigError(SOURCE, shown_key(key), f"a name of {expected}")
     stack: list[tuple[object, int]] = [(value, 0)]
     while stack:  # iterative: a value may be nested almost to the recursion limit
         item, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise ConfigError(SOURCE, shown_key(key), f"a value nested at most {MAX_DEPTH} deep")
-        if isinstance(item, str) and not _carriable(item):
+        if isinstance(item, str) and not carriable(item):
             raise ConfigError(SOURCE, shown_key(key), expected, item)
         if isinstance(item, Mapping):
             stack += [(k, depth + 1) for k in item] + [(v, depth + 1) for v in item.values()]

@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from smhvd.errors import ConfigError
 
@@ -18,6 +18,9 @@ from smhvd.errors import ConfigError
 # Always matched with fullmatch: `$` would also match before a final newline ("algo-1\n").
 _HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _CHANNEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# Linux: one name in a path at most NAME_MAX bytes, a whole path at most PATH_MAX (ENAMETOOLONG otherwise).
+NAME_MAX = 255
+PATH_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,35 @@ def shown_key(key: str) -> str:
     return key if key.isprintable() else ascii(key)
 
 
+def path_problem(value: str, *, relative: bool) -> str | None:
+    """Why `value` cannot name a file (None when it can): a NUL or a lone surrogate (no system call takes
+    it), a name longer than NAME_MAX bytes or a path longer than PATH_MAX, or (relative=True) a path that is
+    absolute or climbs out with '..'. Pure."""
+    if "\0" in value:
+        return "no NUL character"
+    try:
+        encoded = value.encode()
+    except UnicodeEncodeError:
+        return "valid Unicode (no lone surrogate)"
+    if len(encoded) > PATH_MAX:
+        return f"at most {PATH_MAX} bytes, not {len(encoded)}"
+    longest = max(len(part) for part in encoded.split(b"/"))
+    if longest > NAME_MAX:
+        return f"names of at most {NAME_MAX} bytes between slashes, not {longest}"
+    path = PurePosixPath(value)
+    if relative and (path.is_absolute() or ".." in path.parts):
+        return "not absolute, no '..'"
+    return None
+
+
+def check_path(value: str, source: str, key: str, what: str, *, relative: bool = True) -> str:
+    """`value` when it can name a file (path_problem), else one ConfigError naming the file and key."""
+    problem = path_problem(value, relative=relative)
+    if problem is not None:
+        raise ConfigError(source, key, f"{what} ({problem})", value)
+    return value
+
+
 def _object(data: object, source: str) -> Mapping[str, object]:
     if not isinstance(data, dict):
         raise ConfigError(source, None, "a JSON object", type(data).__name__)
@@ -136,6 +168,13 @@ def parse_resource_config(data: object, source: str = "resourceconfig.json") -> 
     if current not in hosts:
         raise ConfigError(source, "current_host", f"one of hosts {list(hosts)}", current)
     groups = _instance_groups(obj.get("instance_groups"), hosts, source)
+    group_name = obj.get("current_group_name")
+    if groups and group_name is not None:
+        mine = [g.name for g in groups if current in g.hosts]
+        if group_name not in mine:
+            raise ConfigError(
+                source, "current_group_name", f"the group of current_host ({mine or 'none'})", group_name
+            )
     return ResourceConfig(
         current_host=current,
         hosts=tuple(sorted(hosts)),
@@ -150,7 +189,7 @@ def _instance_groups(value: object, hosts: tuple[str, ...], source: str) -> tupl
         return ()
     if not isinstance(value, list):
         raise ConfigError(source, "instance_groups", "a list of instance groups", value)
-    groups = []
+    groups: list[InstanceGroup] = []
     for i, item in enumerate(value):
         key = f"instance_groups[{i}]"
         group = _object(item, f"{source}: {key}")
@@ -160,6 +199,13 @@ def _instance_groups(value: object, hosts: tuple[str, ...], source: str) -> tupl
         stray = [h for h in members if h not in hosts]
         if stray:
             raise ConfigError(source, f"{key}.hosts", f"hosts listed in 'hosts' {list(hosts)}", stray)
+        if any(g.name == name for g in groups):
+            raise ConfigError(source, f"{key}.instance_group_name", "a name no other group has", name)
+        shared = [h for g in groups for h in members if h in g.hosts]
+        if shared:
+            raise ConfigError(
+                source, f"{key}.hosts", "hosts of no other group (a host is in one group)", shared
+            )
         groups.append(InstanceGroup(name=name, instance_type=itype, hosts=members))
     return tuple(groups)
 

@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal, NoReturn
 
-from smhvd.config.hyperparameters import option_args
+from smhvd.config.hyperparameters import carriable, option_args
 from smhvd.config.job import Job
+from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, CodeOrigin
 from smhvd.config.paths import SageMakerPaths
-from smhvd.config.sagemaker_files import read_json
+from smhvd.config.sagemaker_files import check_path, read_json
 from smhvd.errors import ConfigError
 
 log = logging.getLogger("smhvd")
@@ -103,22 +104,22 @@ def _optional_str(data: Mapping[str, object], key: str, source: str) -> str | No
     return value or None
 
 
+def _relative_path(data: Mapping[str, object], key: str, source: str) -> str | None:
+    value = _optional_str(data, key, source)
+    return None if value is None else check_path(value, source, key, "a path relative to source_dir")
+
+
 def parse_source_code(data: object, source: str = SOURCE_CODE_JSON) -> SourceCode:
     if not isinstance(data, dict):
         raise ConfigError(source, None, "a JSON object (SourceCode's fields)", data)
-    entry = _optional_str(data, "entry_script", source)
-    if entry is not None and (PurePosixPath(entry).is_absolute() or ".." in PurePosixPath(entry).parts):
-        raise ConfigError(source, "entry_script", "a path relative to source_dir", entry)
-    requirements = _optional_str(data, "requirements", source)
-    if requirements is not None and (
-        PurePosixPath(requirements).is_absolute() or ".." in PurePosixPath(requirements).parts
-    ):
-        raise ConfigError(source, "requirements", "a path relative to source_dir", requirements)
+    source_dir = _optional_str(data, "source_dir", source)
+    if source_dir is not None and source_dir.endswith(".tar.gz"):  # the channel holds a file of this name
+        check_path(PurePosixPath(source_dir).name, source, "source_dir", "a .tar.gz of a valid file name")
     return SourceCode(
-        entry_script=entry,
+        entry_script=_relative_path(data, "entry_script", source),
         command=_optional_str(data, "command", source),
-        requirements=requirements,
-        source_dir=_optional_str(data, "source_dir", source),
+        requirements=_relative_path(data, "requirements", source),
+        source_dir=source_dir,
     )
 
 
@@ -133,11 +134,18 @@ def parse_distributed(data: object, source: str = DISTRIBUTED_JSON) -> Distribut
     count = data["process_count_per_node"]
     if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
         raise ConfigError(source, "process_count_per_node", "an integer >= 1 or null", count)
+    if count is not None and count > MAX_PROCESSES_PER_HOST:  # the bound the hyperparameter has
+        raise ConfigError(source, "process_count_per_node", f"an integer <= {MAX_PROCESSES_PER_HOST}", count)
     options = data["mpi_additional_options"]
     if options is None:
         options = []
     if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
         raise ConfigError(source, "mpi_additional_options", "a list of mpirun arguments or null", options)
+    for i, option in enumerate(options):
+        if not carriable(option):
+            raise ConfigError(
+                source, f"mpi_additional_options[{i}]", "an argument without NUL or lone surrogates", option
+            )
     return Distributed("mpi", count, tuple(options))
 
 
@@ -167,7 +175,10 @@ def apply(job: Job, v3: V3Job) -> Job:
         custom_options=options.mpi.custom_options + dist.mpi_additional_options,
     )
     program = dataclasses.replace(
-        options.program, program=v3.source.entry_script, submit_directory=str(v3.code_location)
+        options.program,
+        program=v3.source.entry_script,
+        submit_directory=str(v3.code_location),
+        origin=CodeOrigin(str(v3.drivers_dir / SOURCE_CODE_JSON), "entry_script", "source_dir"),
     )
     return dataclasses.replace(job, options=dataclasses.replace(options, mpi=mpi, program=program))
 
