@@ -48,21 +48,23 @@ def md5_file(path: Path) -> str:
 
 
 class Md5Cache:
-    """A JSON file: absolute path -> [size, mtime_ns, md5]. A stale or unreadable cache is ignored."""
+    """A JSON file: absolute path -> [size, mtime_ns, md5]. Only well-formed entries are read: a cache that
+    cannot be read or parsed (cut short, nested too deeply, numbers too long), or an entry of any other shape,
+    counts as absent, and `save` writes the cache anew from what this run checksummed."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.entries: dict[str, list[object]] = {}
         if path is not None:
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, RecursionError):
                 loaded = json.loads(path.read_text())
                 if isinstance(loaded, dict):
-                    self.entries = loaded
+                    self.entries = {k: v for k, v in loaded.items() if _well_formed(v)}
 
     def get(self, path: Path, size: int, mtime_ns: int) -> str | None:
         entry = self.entries.get(str(path))
-        if isinstance(entry, list) and entry[:2] == [size, mtime_ns] and isinstance(entry[2], str):
-            return entry[2]
+        if entry is not None and entry[:2] == [size, mtime_ns]:
+            return str(entry[2])
         return None
 
     def put(self, path: Path, size: int, mtime_ns: int, md5: str) -> None:
@@ -77,6 +79,20 @@ class Md5Cache:
             with os.fdopen(fd, "w") as f:
                 json.dump(self.entries, f)
             Path(tmp).replace(self.path)
+
+
+def _well_formed(entry: object) -> bool:
+    """[size, mtime_ns, md5 as 32 hex digits]."""
+    if not (isinstance(entry, list) and len(entry) == 3):
+        return False
+    size, mtime_ns, md5 = entry
+    return (
+        type(size) is int
+        and type(mtime_ns) is int
+        and isinstance(md5, str)
+        and len(md5) == 32
+        and all(c in "0123456789abcdef" for c in md5)
+    )
 
 
 def default_cache_path() -> Path:

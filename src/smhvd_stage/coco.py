@@ -135,7 +135,8 @@ def _terminate(signum: int, _frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)  # stop like Ctrl-C: what is uploaded stays, no manifest
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # stop like Ctrl-C: what is uploaded stays, no manifest
+        signal.signal(sig, _terminate)
     try:
         return run(args)
     except StageError as e:

@@ -87,9 +87,13 @@ class Layout:
 
 
 def parse_json(raw: bytes, source: str) -> Any:
+    """json.loads with every way it fails as one StageError: bad bytes or syntax, nesting beyond Python's
+    recursion limit, an integer of more digits than Python converts."""
     try:
         return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        raise StageError(f"{source}: not valid JSON (nested too deeply)", DATA_ERROR) from None
+    except ValueError as e:  # UnicodeDecodeError, JSONDecodeError, "Exceeds the limit (4300 digits) ..."
         raise StageError(f"{source}: not valid JSON ({e})", DATA_ERROR) from None
 
 

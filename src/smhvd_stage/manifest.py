@@ -55,7 +55,7 @@ def same_files(existing: bytes | None, manifest: dict[str, Any]) -> bool:
         return False
     try:
         old = json.loads(existing)
-    except ValueError:
+    except (ValueError, RecursionError):  # anything unreadable is not this manifest: it is replaced
         return False
     return isinstance(old, dict) and all(old.get(k) == manifest[k] for k in ("format", "channels", "files"))
 

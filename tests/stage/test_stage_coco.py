@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -276,6 +277,58 @@ def test_broken_json_is_one_line_and_nothing_is_uploaded(tmp_path, s3_server, bu
     assert keys(s3_server, bucket) == {}
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "not valid JSON (nested too deeply)"),
+        ('{"images": [{"id": ' + "7" * 5000 + "}]}", "not valid JSON (Exceeds the limit (4300 digits)"),
+    ],
+    ids=["nested-100000", "5000-digits"],
+)
+def test_hostile_json_is_one_line_and_65(tmp_path, coco, text, message):
+    root, weights = coco
+    (root / "annotations" / "instances_val2017.json").write_text(text)
+    result = stage(tmp_path, str(root), "s3://bkt/coco", "--weights", str(weights), port=None)
+    line = one_error_line(result, 65)
+    assert line.startswith(f"smhvd-stage-coco: error: annotations/instances_val2017.json: {message}"), line
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [
+        "cut-short",  # entries of every wrong shape, as a run killed mid-write or an older format leaves them
+        '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"a": [' + "9" * 5000 + "]}",
+        '{"a": [1, 2',
+        "\udcff\udcfe",  # the bytes ff fe (written with surrogateescape): not UTF-8
+    ],
+    ids=["cut-short-entries", "nested-100000", "5000-digits", "truncated", "not-utf8"],
+)
+def test_a_broken_checksum_cache_is_rebuilt(tmp_path, s3_server, bucket, coco, cache):
+    root, weights = coco
+    files = [*sorted(p.resolve() for p in root.rglob("*") if p.is_file()), weights.resolve()]
+    cache_file = tmp_path / "md5.json"  # where stage() keeps it
+    if cache == "cut-short":  # each file's true size and mtime, then a cut-short or odd rest
+        rests: list[list[object]] = [[], ["0123abcd"], [None], [12345], ["f" * 32, "extra"]]
+        entries: dict[str, object] = {}
+        for i, path in enumerate(files):
+            st = path.stat()
+            entries[str(path)] = [st.st_size, st.st_mtime_ns, *rests[i % len(rests)]]
+        entries["elsewhere"] = {"size": 1}
+        cache = json.dumps(entries)
+    cache_file.write_bytes(cache.encode("utf-8", "surrogateescape"))
+    argv = [str(root), f"s3://{bucket}/coco", "--weights", str(weights), "--dry-run"]
+    result = stage(tmp_path, *argv, port=s3_server)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    rebuilt = json.loads(cache_file.read_text())
+    staged = [p for p in files if "captions" not in p.name]
+    assert {str(p) for p in staged} <= set(rebuilt)
+    for path in staged:
+        st = path.stat()
+        assert rebuilt[str(path)] == [st.st_size, st.st_mtime_ns, hashlib.md5(path.read_bytes()).hexdigest()]
+
+
 def test_broken_weights_is_one_line(tmp_path, s3_server, bucket, coco):
     root, weights = coco
     weights.write_bytes(b"not a zip")
@@ -340,7 +393,9 @@ def test_wrapper_script_dry_run_uploads_nothing(tmp_path, s3_server, bucket, coc
     assert subprocess.run([argv[0]], capture_output=True, check=False).returncode == 2
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
 def test_a_stopped_run_leaves_no_manifest_and_a_rerun_resumes(sig, tmp_path, s3_server, bucket):
     root = tmp_path / "coco"
     weights = write_coco(root, n_train=300)
