@@ -16,6 +16,7 @@ import subprocess
 import tarfile
 import textwrap
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,23 +123,52 @@ class Run:
         return None
 
 
+def compose_containers(sdk: dict[str, str], project: str) -> list[str]:
+    """The containers (running or stopped) of one compose project: podman-compose labels each with it."""
+    return subprocess.run(
+        ["docker", "ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={project}"],
+        env=sdk,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+
+
+def remove_compose_containers(sdk: dict[str, str], project: str) -> list[str]:
+    """Local mode leaves the job's stopped containers behind (as Docker Compose does); a test removes those of
+    its own project. Returns what is still there afterwards."""
+    if ids := compose_containers(sdk, project):
+        subprocess.run(
+            ["docker", "rm", "--force", *ids], env=sdk, capture_output=True, timeout=120, check=False
+        )
+    return compose_containers(sdk, project)
+
+
 def run_trainer(sdk: dict[str, str], image: str, tmp_path: Path, name: str, spec: dict[str, object]) -> Run:
-    root = tmp_path / "root"
+    # The compose file goes in the root: its directory's name is the compose project, which names and labels
+    # the containers. A name of its own per run (lower-case letters and digits, as podman-compose keeps
+    # them): the containers of this run, and only those, are removed afterwards.
+    root = tmp_path / f"sdkv3{uuid.uuid4().hex[:12]}"
     root.mkdir()
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
     start = time.monotonic()
-    proc = subprocess.run(
-        [sdk["SDK_PYTHON"], str(script), image, str(root), json.dumps(spec)],
-        env=sdk,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=JOB_TIMEOUT,
-        check=False,
-    )
-    seconds = time.monotonic() - start
+    try:
+        proc = subprocess.run(
+            [sdk["SDK_PYTHON"], str(script), image, str(root), json.dumps(spec)],
+            env=sdk,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=JOB_TIMEOUT,
+            check=False,
+        )
+        seconds = time.monotonic() - start  # the SDK's own time: the removal below is the test's
+    finally:
+        left = remove_compose_containers(sdk, root.name)
+    assert not left, f"containers of project {root.name} could not be removed: {left}"
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / f"sdk-v3-{name}.log").write_text(proc.stdout)
     record_timing(f"sdk-v3-local-{name}", seconds, exit_code=proc.returncode)
