@@ -111,11 +111,18 @@ class PreparationSignals:
 
 
 def main(argv: list[str] | None = None) -> int:
+    PreparationSignals().install()  # first: a stop or SIGUSR1 may come at any time from here on
     try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
+        return _main(sys.argv[1:] if argv is None else argv)
+    except Stopped as exc:  # before the paths and the log were set up: nothing was started yet
+        return exc.exit_code
+
+
+def _main(argv: list[str]) -> int:
+    try:
+        args = parse_args(argv)
     except SystemExit as exc:  # argparse already printed the usage line
         return EX_USAGE if exc.code else 0
-    PreparationSignals().install()  # first: a stop or SIGUSR1 may come at any time from here on
     configure_logging(logging.INFO if args.log_level is None else args.log_level)
     paths = SageMakerPaths(args.base_dir) if args.base_dir else SageMakerPaths.from_env()
     if args.base_dir:

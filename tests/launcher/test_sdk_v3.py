@@ -392,6 +392,11 @@ LONG = "a" * 300 + ".py"
             {"mpi_additional_options": ["-x", "A=\x00"]},
             "distributed.json: mpi_additional_options[1]: expected an argument without NUL",
         ),
+        (
+            {},
+            {"mpi_additional_options": ["-x", "A=" + "x" * 200_000]},
+            "distributed.json: mpi_additional_options: expected mpirun arguments of at most 65536 bytes",
+        ),
     ],
     ids=[
         "np-100000",
@@ -403,6 +408,7 @@ LONG = "a" * 300 + ".py"
         "surrogate-entry-script",
         "long-tarball-name",
         "nul-mpi-option",
+        "mpi-options-of-200-KB",
     ],
 )
 def test_v3_values_are_bounded_and_errors_name_the_v3_file_and_key(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from smhvd.proc.processes import is_alive
-from smhvd.proc.steps import STOP_GRACE, StepResult, last_line, run_step
+from smhvd.proc.steps import OUTPUT_LIMIT, STOP_GRACE, StepResult, last_line, run_step
 from smhvd.proc.waiting import wait_until
 
 # A step that starts a helper (which keeps the step's stdout open) and a daemon in its own session, writes
@@ -102,6 +102,14 @@ def test_output_is_data_never_a_decoding_error():
     assert result.text() == ("provider: efa\n\ufffd\ufffd not UTF-8\n", "\ufffd")
     assert last_line(result.stdout) == "\ufffd\ufffd not UTF-8"
     assert last_line(b" \n", "no output") == "no output"
+
+
+def test_of_a_flood_of_output_the_beginning_and_the_end_are_kept():
+    flood = "import sys; sys.stdout.buffer.write(b'provider: efa\\n' + b'x' * 5_000_000 + b'\\nlast line\\n')"
+    result = run_step([sys.executable, "-c", flood], timeout=60)
+    assert result.returncode == 0
+    assert result.stdout.startswith(b"provider: efa\n") and result.stdout.endswith(b"x\nlast line\n")
+    assert b"\n[...]\n" in result.stdout and len(result.stdout) <= OUTPUT_LIMIT + 7
 
 
 def test_a_step_past_its_deadline_is_ended_with_its_tree(tmp_path):

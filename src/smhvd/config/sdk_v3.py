@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal, NoReturn
 
-from smhvd.config.hyperparameters import carriable, option_args
+from smhvd.config.hyperparameters import MAX_TOTAL_BYTES, carriable, option_args
 from smhvd.config.job import Job
 from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, CodeOrigin
 from smhvd.config.paths import SageMakerPaths
@@ -146,6 +146,13 @@ def parse_distributed(data: object, source: str = DISTRIBUTED_JSON) -> Distribut
             raise ConfigError(
                 source, f"mpi_additional_options[{i}]", "an argument without NUL or lone surrogates", option
             )
+    size = sum(len(option.encode()) + 1 for option in options)
+    if size > MAX_TOTAL_BYTES:  # what the hyperparameters (and so v2's custom options) may hold in all
+        raise ConfigError(
+            source,
+            "mpi_additional_options",
+            f"mpirun arguments of at most {MAX_TOTAL_BYTES} bytes in all, not {size}",
+        )
     return Distributed("mpi", count, tuple(options))
 
 

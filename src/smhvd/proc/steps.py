@@ -1,7 +1,8 @@
 """Preparation steps (the code's download, pip, the EFA probe) as child processes that end with their tree.
 
-A step runs in its own process group, with its output kept (the last OUTPUT_LIMIT bytes of each stream) and,
-if asked, shown in the job's log as it comes. However the wait ends, nothing the step started is left running:
+A step runs in its own process group, with its output kept (of each stream its beginning and its end, up to
+OUTPUT_LIMIT bytes: what a probe reports comes first, why pip failed comes last) and, if asked, shown in the
+job's log as it comes. However the wait ends, nothing the step started is left running:
 
 - the step exits: whatever it left behind (a helper holding its output, a daemon) is killed;
 - its deadline passes, or an exception reaches the wait (a stop: until a role takes over the signals, cli.py
@@ -28,7 +29,7 @@ from smhvd.errors import WaitTimeout
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_alive, signal_pids
 from smhvd.proc.waiting import NotYet, wait_until
 
-OUTPUT_LIMIT = 1 << 20  # of each stream, the last this many bytes are kept
+OUTPUT_LIMIT = 1 << 20  # of each stream, the first and the last half of this many bytes are kept
 STOP_GRACE = 3.0  # SIGTERM, then SIGKILL this long after to what ignored it (as mpirun after an abort)
 
 
@@ -74,7 +75,7 @@ def run_step(
         preexec_fn=die_with_parent,  # noqa: PLW1509  (a launcher killed outright leaves no step behind)
     )
     streams = [s for s in (proc.stdout, proc.stderr) if s is not None]
-    kept = {s.fileno(): bytearray() for s in streams}  # stdout first, then stderr (dicts keep order)
+    kept = {s.fileno(): _Kept() for s in streams}  # stdout first, then stderr (dicts keep order)
     try:
         finished = _wait(proc, kept, echo, None if timeout is None else time.monotonic() + timeout)
         if finished:
@@ -87,13 +88,11 @@ def run_step(
     finally:
         for stream in streams:
             stream.close()
-    out, err = [*map(bytes, kept.values()), b""][:2]
+    out, err = [*(k.value() for k in kept.values()), b""][:2]
     return StepResult(proc.returncode if finished else None, out, err)
 
 
-def _wait(
-    proc: subprocess.Popen[bytes], kept: dict[int, bytearray], echo: bool, deadline: float | None
-) -> bool:
+def _wait(proc: subprocess.Popen[bytes], kept: dict[int, _Kept], echo: bool, deadline: float | None) -> bool:
     """Read the step's output until it exits (True) or the deadline passes (False)."""
     exited = os.pidfd_open(proc.pid)
     try:
@@ -122,12 +121,32 @@ def _wait(
         os.close(exited)
 
 
-def _keep(buffer: bytearray, chunk: bytes, echo: bool) -> None:
+class _Kept:
+    """A stream's first and last OUTPUT_LIMIT // 2 bytes; what lies between is dropped (and marked)."""
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = False
+
+    def add(self, chunk: bytes) -> None:
+        room = OUTPUT_LIMIT // 2 - len(self.head)
+        if room > 0 and not self.tail:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        self.tail += chunk
+        if len(self.tail) > OUTPUT_LIMIT // 2:
+            del self.tail[: len(self.tail) - OUTPUT_LIMIT // 2]
+            self.dropped = True
+
+    def value(self) -> bytes:
+        return bytes(self.head + (b"\n[...]\n" if self.dropped else b"") + self.tail)
+
+
+def _keep(kept: _Kept, chunk: bytes, echo: bool) -> None:
     if echo:
         os.write(2, chunk)
-    buffer += chunk
-    if len(buffer) > OUTPUT_LIMIT:
-        del buffer[: len(buffer) - OUTPUT_LIMIT]
+    kept.add(chunk)
 
 
 def _started_since(before: set[int]) -> list[int]:
