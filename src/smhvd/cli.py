@@ -9,12 +9,12 @@ import argparse
 import logging
 import os
 import re
-import signal
 import sys
 from pathlib import Path
 
 from smhvd.config.paths import SageMakerPaths
 from smhvd.errors import EX_SOFTWARE, EX_USAGE, ConfigError, LauncherError, Stopped
+from smhvd.proc.stopping import PreparationSignals, StopRequested
 from smhvd.report import failure
 
 log = logging.getLogger("smhvd")
@@ -78,43 +78,11 @@ def configure_logging(level: int) -> None:
     log.propagate = False
 
 
-class PreparationSignals:
-    """Signals until a role takes over (proc/signals.SignalWatch, which puts these back when it ends).
-
-    A stop (SIGTERM from SageMaker, Ctrl-C, SIGHUP) raises Stopped in the main thread wherever the
-    preparation is: the step in progress (code download, pip, the EFA probe: proc/steps.py) is ended with
-    its process tree, and launch.py kills whatever else this launcher started. It raises once: a second stop
-    while the first unwinds must not interrupt that cleanup. SIGUSR1, which asks running ranks for stack
-    dumps, finds none yet and is only logged (its default action would kill the launcher, leaving the step
-    running). As PID 1 in a container a signal without a handler is ignored: these handlers are needed there
-    too."""
-
-    STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.stopped_by: int | None = None
-
-    def install(self) -> None:
-        for sig in self.STOPS:
-            signal.signal(sig, self._stop)
-        signal.signal(signal.SIGUSR1, self._dump)
-
-    def _stop(self, signum: int, _frame: object) -> None:
-        if self.stopped_by is not None:
-            return
-        self.stopped_by = signum
-        raise Stopped(f"stopped by {signal.Signals(signum).name} before the job started")
-
-    @staticmethod
-    def _dump(_signum: int, _frame: object) -> None:
-        log.info("SIGUSR1: no rank is running yet (the job is being prepared): no stack dump to take")
-
-
 def main(argv: list[str] | None = None) -> int:
     PreparationSignals().install()  # first: a stop or SIGUSR1 may come at any time from here on
     try:
         return _main(sys.argv[1:] if argv is None else argv)
-    except Stopped as exc:  # before the paths and the log were set up: nothing was started yet
+    except StopRequested as exc:  # before the paths and the log were set up: nothing was started yet
         return exc.exit_code
 
 
@@ -138,7 +106,7 @@ def _main(argv: list[str]) -> int:
         from .launch import launch  # imported here so that `train --help` is instant
 
         return launch(paths, log_level_from_job=level is None)
-    except Stopped as exc:
+    except (Stopped, StopRequested) as exc:
         log.warning("%s", exc)
         failure.write_failure(paths.failure_file, failure.compose(str(exc)))
         return exc.exit_code

@@ -16,11 +16,11 @@ from smhvd.config.hyperparameters import to_script_args
 from smhvd.config.job import Job, load_job
 from smhvd.config.paths import SageMakerPaths
 from smhvd.environment import training_env
-from smhvd.errors import Stopped
 from smhvd.mpi import efa
 from smhvd.mpi.command import AWS_CREDENTIAL_NAMES
 from smhvd.proc.processes import become_subreaper, kill_descendants
 from smhvd.proc.signals import SignalWatch
+from smhvd.proc.stopping import StopRequested
 from smhvd.proc.supervisor import supervise
 from smhvd.roles.leader import conclude, rank_command, run_leader
 from smhvd.roles.worker import run_worker
@@ -89,8 +89,8 @@ def step(what: str) -> Iterator[None]:
     started = time.monotonic()
     try:
         yield
-    except Stopped as exc:
-        raise Stopped(f"{exc}, during {what} ({time.monotonic() - started:.1f}s in)") from None
+    except StopRequested as exc:
+        raise StopRequested(f"{exc}, during {what} ({time.monotonic() - started:.1f}s in)") from None
 
 
 def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
@@ -115,7 +115,7 @@ def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
     become_subreaper()
     try:
         # Every step below is a child process (proc/steps.py) or in-process work that a stop interrupts
-        # (cli.PreparationSignals); `finally` ends whatever is left, whatever ended the launch.
+        # (proc/stopping.py); `finally` ends whatever is left, whatever ended the launch.
         source = resolve_source(job.options.program, paths, os.environ)
         with step(f"fetching the code from {source.location}"):
             fetch_source(source, job.options.program.region)

@@ -1,6 +1,6 @@
 """Preparation steps (proc/steps.py) with real processes: output kept, and nothing a step started left
 running, whether it exits, runs past its deadline, or is interrupted by a stop (an exception raised by a
-signal handler, as `train` raises Stopped)."""
+signal handler, as `train` raises StopRequested)."""
 
 from __future__ import annotations
 
@@ -39,23 +39,20 @@ LEAVES_HELPERS = textwrap.dedent(
 )
 
 
-# What `train` is when it runs a step: a child subreaper whose SIGTERM handler raises Stopped in the main
-# thread. argv: STEP_ARGV_JSON TIMEOUT ('' for none); prints the result as JSON.
+# What `train` is when it runs a step: a child subreaper whose SIGTERM handler raises StopRequested in the
+# main thread. argv: STEP_ARGV_JSON TIMEOUT ('' for none); prints the result as JSON.
 DRIVER = textwrap.dedent(
     """
     import json, signal, sys
-    from smhvd.errors import Stopped
     from smhvd.proc.processes import become_subreaper
     from smhvd.proc.steps import run_step
-
-    def stop(signum, frame):
-        raise Stopped("stopped by SIGTERM")
+    from smhvd.proc.stopping import PreparationSignals, StopRequested
 
     become_subreaper()
-    signal.signal(signal.SIGTERM, stop)
+    PreparationSignals().install()
     try:
         r = run_step(json.loads(sys.argv[1]), timeout=float(sys.argv[2]) if sys.argv[2] else None)
-    except Stopped:
+    except StopRequested:
         print(json.dumps({"stopped": True}))
     else:
         print(json.dumps({"returncode": r.returncode, "stdout": r.stdout.hex(), "stderr": r.stderr.hex()}))

@@ -5,9 +5,10 @@ OUTPUT_LIMIT bytes: what a probe reports comes first, why pip failed comes last)
 job's log as it comes. However the wait ends, nothing the step started is left running:
 
 - the step exits: whatever it left behind (a helper holding its output, a daemon) is killed;
-- its deadline passes, or an exception reaches the wait (a stop: until a role takes over the signals, cli.py
-  turns SIGTERM into `Stopped`, raised wherever the launcher is): the step's process group and every process
-  started since the step began get SIGTERM, and SIGKILL STOP_GRACE seconds later if any is still alive.
+- its deadline passes, or an exception reaches the wait (a stop: until a role takes over the signals,
+  stopping.py turns SIGTERM into StopRequested, raised wherever the launcher is): the step's process group
+  and every process started since the step began get SIGTERM, and SIGKILL STOP_GRACE seconds later if any
+  is still alive.
 
 "Started since the step began" is exact because the launcher is a child subreaper (processes.py): a process
 that daemonizes is re-parented to the launcher, so it is still one of its descendants.
