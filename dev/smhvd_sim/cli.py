@@ -20,7 +20,14 @@ from pathlib import Path
 from smhvd_sim import registry
 from smhvd_sim.cluster import Cluster
 from smhvd_sim.jobs import FAULT_KINDS, TIMEOUT_EXIT, Fault, FaultKind, HostResult
-from smhvd_sim.spec import DEFAULT_INSTANCE_TYPE, DEFAULT_ML_PATH, ClusterSpec, encode_hyperparameter
+from smhvd_sim.spec import (
+    DEFAULT_INSTANCE_TYPE,
+    DEFAULT_ML_PATH,
+    MAX_HOSTS,
+    MIN_HOSTS,
+    ClusterSpec,
+    encode_hyperparameter,
+)
 from smhvd_sim.system import ClusterError, Interrupted
 
 INTERRUPTED_EXIT = 130
@@ -62,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="smhvd-cluster", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="bring hosts up, run a command on all at once, tear down")
-    run.add_argument("--hosts", "-n", type=int, default=2, help="number of hosts algo-1..algo-N (2-8)")
+    run.add_argument(
+        "--hosts", "-n", type=int, default=2, help=f"number of hosts algo-1..algo-N ({MIN_HOSTS}-{MAX_HOSTS})"
+    )
     run.add_argument("--workdir", type=Path, help="host trees and logs (default /tmp/smhvd-cluster/TIME-PID)")
     run.add_argument("--hyperparameters", type=_json_file, default={}, help="hyperparameters.json to give")
     run.add_argument(

@@ -17,7 +17,7 @@ from types import FrameType, TracebackType
 from typing import TextIO
 
 from smhvd.proc import processes
-from smhvd_sim import registry
+from smhvd_sim import accounting, registry
 from smhvd_sim.host import HostLayout, SimHost
 from smhvd_sim.hosttrees import write_host_tree
 from smhvd_sim.jobs import Fault, HostProcess, HostResult, await_hosts
@@ -30,7 +30,7 @@ from smhvd_sim.spec import (
     host_addresses,
     hosts_file,
 )
-from smhvd_sim.system import ClusterError, Interrupted, check_prerequisites, run, wait_for
+from smhvd_sim.system import ClusterError, Interrupted, check_prerequisites, run, run_each, wait_for
 
 STANDARD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 SSH_CLIENT_CONFIG = (
@@ -56,6 +56,8 @@ class Cluster:
         self.bridge = ""
         self._record: registry.Record | None = None
         self._net_namespaces: list[int] = []
+        self._cgroups: tuple[Path, ...] = ()  # CPU accounting groups (accounting.py), deepest first
+        self._cpu_groups: dict[str, Path] = {}  # host -> its group (none without cgroup v2)
         self._previous_handlers: dict[int, object] = {}
 
     # ----- paths -----
@@ -96,14 +98,23 @@ class Cluster:
         try:
             self._allocate()
             self._prepare_files()
-            for address in self.addresses:
-                layout_file = self.host_dir(address.name) / "hostinit.json"
-                self.hosts[address.name] = SimHost.start(address, self._layout(address.name), layout_file)
-            self._net_namespaces = [ns for host in self.hosts.values() if (ns := host.net_namespace)]
-            run(["ip", "link", "add", self.bridge, "type", "bridge"])
-            run(["ip", "link", "set", self.bridge, "up"])
-            for host in self.hosts.values():
-                host.connect(self.bridge)
+            # Every host starts at once (its PID 1 sets up its mounts meanwhile); one `ip -batch` creates
+            # every veth pair on the bridge; each host's eth0 is then addressed from inside, in parallel.
+            plans = [
+                (address, self._layout(address.name), self.host_dir(address.name) / "hostinit.json")
+                for address in self.addresses
+            ]
+            started = SimHost.start_many(plans)
+            self.hosts = {host.name: host for host in started}
+            for host in started:
+                host.cpu_group = self._cpu_groups.get(host.name)
+            self._net_namespaces = [ns for host in started if (ns := host.net_namespace)]
+            links = "".join(host.outer_link_commands(self.bridge) for host in started)
+            run(
+                ["ip", "-batch", "-"],
+                stdin=f"link add {self.bridge} type bridge\nlink set {self.bridge} up\n{links}",
+            )
+            run_each([(host.inner_link_argv(), host.inner_link_commands()) for host in started])
         except BaseException:
             self.down()
             raise
@@ -116,7 +127,11 @@ class Cluster:
             slot = registry.free_slot(records)
             self.addresses = host_addresses(self.spec.hosts, cluster_id, slot)
             self.bridge = bridge_name(cluster_id)
-            created = [str(path) for path in _make_mountpoints([self.spec.ml_path, SSH_DIR])]
+            self._cgroups = accounting.create_groups(cluster_id, self.spec.host_names)
+            self._cpu_groups = {group.name: group for group in self._cgroups[:-1]}
+            mountpoints = _make_mountpoints([self.spec.ml_path, SSH_DIR])
+            # cgroups first: each directory is removed with rmdir, deepest first
+            created = [str(path) for path in (*self._cgroups, *mountpoints)]
             self._record = registry.Record(
                 cluster_id=cluster_id,
                 owner_pid=os.getpid(),
@@ -181,6 +196,8 @@ class Cluster:
     def down(self) -> None:
         """Tear everything down; safe to call more than once and after a partial up()."""
         for host in self.hosts.values():
+            host.begin_stop()  # every PID 1 killed at once; then one wait each
+        for host in self.hosts.values():
             host.stop()
         self.hosts.clear()
         if self._record is not None:
@@ -192,6 +209,7 @@ class Cluster:
                     "the hosts' veth links to vanish with their namespaces",
                     LINK_GONE_TIMEOUT,
                 )
+            accounting.remove_groups(self._cgroups)  # before release(): it waits for their last processes
             with registry.locked():
                 registry.release(self._record)
             self._record = None
@@ -212,6 +230,12 @@ class Cluster:
         env.update(self.spec.env)
         env.update(extra or {})
         return env
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far by each host's commands (empty without accounting: no cgroup v2)."""
+        return {
+            name: seconds for name, host in self.hosts.items() if (seconds := host.cpu_seconds()) is not None
+        }
 
     def host(self, name: str) -> SimHost:
         try:
@@ -296,6 +320,7 @@ class Cluster:
         ]
         cluster_id = self.bridge.removeprefix(LINK_PREFIX)
         found += [f"registry record {path}" for path in registry.REGISTRY.glob(f"{cluster_id}.json")]
+        found += [f"cgroup {group}" for group in self._cgroups if group.exists()]
         return found
 
 

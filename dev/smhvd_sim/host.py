@@ -4,16 +4,20 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from smhvd.proc import processes
+from smhvd_sim import accounting
 from smhvd_sim.spec import INTERFACE, HostAddress
 from smhvd_sim.system import ClusterError, run, wait_for
 
@@ -92,62 +96,87 @@ class SimHost:
         self.init_pid = init_pid
         self.pid_namespace = processes.namespace_id(init_pid, "pid")
         self.net_namespace = processes.namespace_id(init_pid, "net")
+        self.cpu_group: Path | None = None  # commands join it first (accounting.py), when the cluster has one
 
     @classmethod
     def start(cls, address: HostAddress, layout: HostLayout, config_file: Path) -> SimHost:
         """Start the host's namespaces and wait until its PID 1 has prepared them (``layout`` is written
         to ``config_file`` for it)."""
-        config_file.write_text(layout.to_json())
-        anchor = subprocess.Popen(
-            unshare_argv(config_file),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        return cls.start_many([(address, layout, config_file)])[0]
+
+    @classmethod
+    def start_many(
+        cls, plans: Sequence[tuple[HostAddress, HostLayout, Path]], timeout: float = SETUP_TIMEOUT
+    ) -> list[SimHost]:
+        """Start every host's namespaces at once, then wait for all to be ready (one deadline for all):
+        bringing N hosts up costs about one host's set-up, not N. On any failure every host started here is
+        taken down again."""
+        anchors: list[subprocess.Popen[bytes]] = []
         try:
-            _wait_ready(anchor, address.name)
-            children = wait_for(
-                lambda: processes.children_of(anchor.pid) or None,
-                f"PID 1 of {address.name} to appear",
-                SETUP_TIMEOUT,
-            )
+            for _address, layout, config_file in plans:
+                config_file.write_text(layout.to_json())
+                anchors.append(
+                    subprocess.Popen(
+                        unshare_argv(config_file),
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        start_new_session=True,
+                    )
+                )
+            deadline = time.monotonic() + timeout
+            hosts = []
+            for (address, _layout, _file), anchor in zip(plans, anchors, strict=True):
+                _wait_ready(anchor, address.name, deadline, timeout)
+                children = wait_for(
+                    functools.partial(_children, anchor.pid),
+                    f"PID 1 of {address.name} to appear",
+                    max(0.0, deadline - time.monotonic()),
+                )
+                hosts.append(cls(address, anchor, children[0]))
         except BaseException:
-            anchor.kill()
-            anchor.wait(STOP_TIMEOUT)
+            for anchor in anchors:
+                anchor.kill()
+            for anchor in anchors:
+                anchor.wait(STOP_TIMEOUT)
+                _close_streams(anchor)
             raise
-        return cls(address, anchor, children[0])
+        return hosts
+
+    def outer_link_commands(self, bridge: str) -> str:
+        """``ip -batch`` lines, run outside the hosts, that create the host's veth pair (inner end eth0, in
+        its namespace) and put the outer end on ``bridge``."""
+        outer = self.address.outer_link
+        return (
+            f"link add {outer} type veth peer name {INTERFACE} netns {self.init_pid}\n"
+            f"link set {outer} master {bridge} up\n"
+        )
+
+    def inner_link_argv(self) -> list[str]:
+        """The command that runs ``ip -batch -`` inside the host's network namespace."""
+        return ["nsenter", "--target", str(self.init_pid), "--net", "ip", "-batch", "-"]
+
+    def inner_link_commands(self) -> str:
+        """Its input: address eth0, bring eth0 and lo up (after outer_link_commands ran)."""
+        return f"addr add {self.address.address} dev {INTERFACE}\nlink set {INTERFACE} up\nlink set lo up\n"
 
     def connect(self, bridge: str) -> None:
         """Create the veth pair (inner end eth0), put the outer end on ``bridge``, set the address."""
-        run(
-            [
-                "ip",
-                "link",
-                "add",
-                self.address.outer_link,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                INTERFACE,
-                "netns",
-                str(self.init_pid),
-            ]
-        )
-        run(["ip", "link", "set", self.address.outer_link, "master", bridge, "up"])
-        commands = (
-            f"addr add {self.address.address} dev {INTERFACE}\n" f"link set {INTERFACE} up\nlink set lo up\n"
-        )
-        run(["nsenter", "--target", str(self.init_pid), "--net", "ip", "-batch", "-"], stdin=commands)
+        run(["ip", "-batch", "-"], stdin=self.outer_link_commands(bridge))
+        run(self.inner_link_argv(), stdin=self.inner_link_commands())
 
     def set_link(self, *, up: bool) -> None:
         """Cut (or restore) the host's network link, as if its cable were pulled."""
         run(["ip", "link", "set", self.address.outer_link, "up" if up else "down"])
 
     def command(self, argv: list[str], workdir: str = "/") -> list[str]:
-        """``argv`` wrapped to run inside this host."""
-        return nsenter_argv(self.init_pid, argv, workdir)
+        """``argv`` wrapped to run inside this host (in its CPU accounting group, if it has one)."""
+        inside = nsenter_argv(self.init_pid, argv, workdir)
+        return inside if self.cpu_group is None else accounting.join_argv(self.cpu_group, inside)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds used so far by every command started on this host (None without accounting)."""
+        return None if self.cpu_group is None else accounting.cpu_seconds(self.cpu_group)
 
     def processes(self) -> list[int]:
         """Host pids of every process in this host except its PID 1."""
@@ -167,32 +196,45 @@ class SimHost:
     def alive(self) -> bool:
         return self._anchor.poll() is None
 
-    def stop(self) -> None:
-        """Take the host down: killing PID 1 kills every process in its PID namespace; the network
-        namespace and its veth pair go when the last process has gone."""
+    def begin_stop(self) -> None:
+        """Kill PID 1 (every process in the host's PID namespace dies with it) without waiting: stopping
+        many hosts is one signal each, then one wait each (:meth:`stop`)."""
         if self._anchor.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.init_pid, signal.SIGKILL)
-            try:
-                self._anchor.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self._anchor.kill()
-                self._anchor.wait(STOP_TIMEOUT)
-        for stream in (self._anchor.stdin, self._anchor.stdout, self._anchor.stderr):
-            if stream is not None:
-                stream.close()
+
+    def stop(self) -> None:
+        """Take the host down: killing PID 1 kills every process in its PID namespace; the network
+        namespace and its veth pair go when the last process has gone."""
+        self.begin_stop()
+        try:
+            self._anchor.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._anchor.kill()
+            self._anchor.wait(STOP_TIMEOUT)
+        _close_streams(self._anchor)
 
 
-def _wait_ready(anchor: subprocess.Popen[bytes], host: str) -> None:
-    """Read PID 1's READY line within SETUP_TIMEOUT; on failure report its stderr."""
+def _close_streams(anchor: subprocess.Popen[bytes]) -> None:
+    for stream in (anchor.stdin, anchor.stdout, anchor.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _children(pid: int) -> list[int] | None:
+    return processes.children_of(pid) or None
+
+
+def _wait_ready(anchor: subprocess.Popen[bytes], host: str, deadline: float, timeout: float) -> None:
+    """Read PID 1's READY line before ``deadline`` (time.monotonic()); on failure report its stderr."""
     assert anchor.stdout is not None
     assert anchor.stderr is not None
-    ready, _, _ = select.select([anchor.stdout], [], [], SETUP_TIMEOUT)
+    ready, _, _ = select.select([anchor.stdout], [], [], max(0.0, deadline - time.monotonic()))
     line = anchor.stdout.readline() if ready else b""
     if line.strip() == b"READY":
         return
     if not ready:
-        raise ClusterError(f"{host}: PID 1 did not report ready within {SETUP_TIMEOUT:g} s")
+        raise ClusterError(f"{host}: PID 1 did not report ready within {timeout:g} s")
     anchor.wait(STOP_TIMEOUT)
     detail = anchor.stderr.read().decode(errors="replace").strip().splitlines()
-    raise ClusterError(f"{host}: setup failed: {detail[-1] if detail else 'no error output'}")
+    raise ClusterError(f"{host}: {detail[-1] if detail else 'host setup failed: no error output'}")

@@ -26,7 +26,8 @@ from types import FrameType
 def _mount(argv: list[str], pass_fds: tuple[int, ...] = ()) -> None:
     done = subprocess.run(["mount", *argv], capture_output=True, text=True, check=False, pass_fds=pass_fds)
     if done.returncode != 0:
-        raise OSError(f"mount {' '.join(argv)}: {done.stderr.strip()}")
+        first = (done.stderr.strip().splitlines() or ["no error output"])[0]  # then only "see dmesg(1)"
+        raise OSError(f"mount {' '.join(argv)}: {first}")
 
 
 def prepare(config: dict[str, object]) -> None:

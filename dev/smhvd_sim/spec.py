@@ -11,7 +11,7 @@ from pathlib import Path
 from smhvd_sim.system import ClusterError
 
 MIN_HOSTS = 2
-MAX_HOSTS = 8
+MAX_HOSTS = 64  # link names fit 15 characters up to 999, the /24 holds 244; 64 is what was run
 INTERFACE = "eth0"
 DEFAULT_ML_PATH = Path("/opt/ml")
 DEFAULT_INSTANCE_TYPE = "ml.c5.xlarge"

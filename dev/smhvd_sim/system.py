@@ -7,7 +7,8 @@ import os
 import shlex
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from smhvd.proc.waiting import wait_until
@@ -38,6 +39,20 @@ def run(argv: list[str], *, stdin: str | None = None, timeout: float = 30.0) -> 
         detail = done.stderr.strip().splitlines()[-1:] or ["no error output"]
         raise ClusterError(f"{shlex.join(argv)} failed with exit {done.returncode}: {detail[0]}")
     return done.stdout
+
+
+FAN_OUT = 16  # at most this many commands at once when one is run per host
+
+
+def run_each(commands: Sequence[tuple[list[str], str | None]], fan_out: int = FAN_OUT) -> None:
+    """Run every ``(argv, stdin)`` as :func:`run` does, up to ``fan_out`` at once; raise the first failure
+    (in the given order) after all have ended."""
+    if not commands:
+        return
+    with ThreadPoolExecutor(max_workers=min(fan_out, len(commands))) as pool:
+        futures = [pool.submit(run, argv, stdin=stdin) for argv, stdin in commands]
+    for future in futures:
+        future.result()
 
 
 def check_prerequisites() -> None:

@@ -177,6 +177,8 @@ def test_a_killed_tool_leaves_no_processes_and_cleanup_removes_its_links(
     assert done.returncode == 0
     assert record.cluster_id in done.stdout
     assert not any(Path("/sys/class/net", link).exists() for link in record.links)  # ...until cleanup
+    cgroups = [path for path in record.created_dirs if f"/smhvd-{record.cluster_id}" in path]
+    assert not any(Path(path).exists() for path in cgroups)  # the hosts' CPU accounting groups too
     assert not record.path.exists()
 
 

@@ -24,12 +24,14 @@ from smhvd_sim.system import ClusterError
 
 
 def test_host_addresses_are_unique_on_the_slot_subnet_and_link_names_fit() -> None:
-    addresses = host_addresses(8, "abc123", 7)
+    addresses = host_addresses(64, "abc123", 7)
     assert addresses[0] == HostAddress(
         name="algo-1", index=1, address=ipaddress.IPv4Interface("10.231.7.11/24"), outer_link="smhvdabc123h1"
     )
-    assert [a.name for a in addresses] == [f"algo-{k}" for k in range(1, 9)]
-    assert len({a.address.ip for a in addresses}) == 8
+    assert addresses[-1].address == ipaddress.IPv4Interface("10.231.7.74/24")
+    assert [a.name for a in addresses] == [f"algo-{k}" for k in range(1, 65)]
+    assert len({a.address.ip for a in addresses}) == 64
+    assert len({a.outer_link for a in addresses}) == 64
     assert all(len(a.outer_link) <= 15 for a in addresses)
 
 
@@ -63,8 +65,10 @@ def test_hyperparameters_are_encoded_as_the_sdk_writes_them(given: str, written:
 
 
 def test_spec_rejects_bad_host_counts_and_unencoded_values(tmp_path: Path) -> None:
-    with pytest.raises(ClusterError, match="hosts: expected 2 to 8, got 9"):
-        ClusterSpec(hosts=9, workdir=tmp_path)
+    with pytest.raises(ClusterError, match="hosts: expected 2 to 64, got 65"):
+        ClusterSpec(hosts=65, workdir=tmp_path)
+    with pytest.raises(ClusterError, match="hosts: expected 2 to 64, got 1"):
+        ClusterSpec(hosts=1, workdir=tmp_path)
     with pytest.raises(ClusterError, match="hyperparameters\\['epochs'\\]"):
         ClusterSpec(hosts=2, workdir=tmp_path, hyperparameters={"epochs": 2})  # type: ignore[dict-item]
 
