@@ -22,7 +22,7 @@ from smhvd.proc.supervisor import STOP_DUMP_WAIT, Dumps, Outcome, supervise
 from smhvd.rank import RANK_ARGV
 from smhvd.report import failure, summary
 from smhvd.report.stacks import StackDumper
-from smhvd.roles.peers import WorkerLink, connect_all
+from smhvd.roles.peers import WorkerLink, close_all, connect_all
 from smhvd.roles.sshd import render_ssh_config, ssh_port
 
 log = logging.getLogger("smhvd")
@@ -136,8 +136,7 @@ def run_leader(
         stacks.wait(STOP_DUMP_WAIT)
     code, reason = conclude(job, outcome, stacks.last_line)
     told = {w.host: w.send({"event": "end", "exit_code": code, "reason": reason}) for w in links}
-    for worker in links:
-        worker.close()
+    close_all(links)
     report(job, plan, outcome, code, reason, started_at, told)
     return code
 

@@ -1,0 +1,129 @@
+"""The leader reaching its workers (roles/peers.py), with real processes standing in for the ssh sessions
+(`command`) and a probe standing in for the TCP check of each worker's sshd port: every worker is reached
+at once, none is tried before its port answers, one that never comes up is named, and closing hangs up on
+every worker before waiting for any."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from smhvd.errors import PeerError
+from smhvd.roles.peers import close_all, connect_all, port_open
+from smhvd.roles.sshd import render_ssh_config
+
+pytestmark = pytest.mark.integration
+
+HOSTS = ["algo-2", "algo-3", "algo-4", "algo-5"]
+# A stand-in for `ssh HOST python -m smhvd.link PORT`: records when it started, says ready after a pause,
+# then holds the session until its input ends, records that, lingers, and exits.
+RELAY = """
+import sys, time
+from pathlib import Path
+marks, host, pause, linger = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+(marks / f"start-{host}").write_text(repr(time.time()))
+with (marks / f"tries-{host}").open("a") as tries:
+    tries.write("x")
+time.sleep(pause)
+(marks / f"ready-{host}").write_text(repr(time.time()))
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+sys.stdin.read()
+(marks / f"eof-{host}").write_text(repr(time.time()))
+time.sleep(linger)
+"""
+
+
+def relay(marks: Path, pause: float = 0.5, linger: float = 0.0) -> Callable[[str], list[str]]:
+    def command(host: str) -> list[str]:
+        return [sys.executable, "-c", RELAY, str(marks), host, str(pause), str(linger)]
+
+    return command
+
+
+def mark(marks: Path, kind: str, host: str) -> float:
+    return float((marks / f"{kind}-{host}").read_text())
+
+
+def always_open(_host: str, _port: int, _timeout: float) -> str | None:
+    return None
+
+
+def test_every_worker_is_reached_at_once(tmp_path: Path) -> None:
+    links = connect_all(HOSTS, tmp_path / "ssh_config", 22, 60, command=relay(tmp_path), probe=always_open)
+    try:
+        assert [worker.host for worker in links] == HOSTS
+        # Every session was under way before the first one was ready: no worker waited for another.
+        assert max(mark(tmp_path, "start", host) for host in HOSTS) < min(
+            mark(tmp_path, "ready", host) for host in HOSTS
+        )
+    finally:
+        close_all(links)
+    assert all(worker.proc.returncode == 0 for worker in links)
+
+
+def test_no_session_is_tried_before_the_workers_port_answers(tmp_path: Path) -> None:
+    answers: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def refused_three_times(host: str, port: int, _timeout: float) -> str | None:
+        with lock:
+            answers[host] += 1
+            return f"port {port}: Connection refused" if host == "algo-3" and answers[host] <= 3 else None
+
+    links = connect_all(
+        HOSTS, tmp_path / "c", 22, 60, command=relay(tmp_path, 0.0), probe=refused_three_times
+    )
+    close_all(links)
+    assert answers["algo-3"] == 4
+    assert {host: len((tmp_path / f"tries-{host}").read_text()) for host in HOSTS} == dict.fromkeys(HOSTS, 1)
+
+
+def test_a_worker_that_never_comes_up_is_named_and_the_others_are_told(tmp_path: Path) -> None:
+    def algo_3_refuses(host: str, port: int, _timeout: float) -> str | None:
+        return f"port {port}: Connection refused" if host == "algo-3" else None
+
+    with pytest.raises(
+        PeerError, match=r"workers algo-2, algo-3.*algo-3: port 22: Connection refused"
+    ) as info:
+        connect_all(HOSTS, tmp_path / "c", 22, 2.0, command=relay(tmp_path, 0.0), probe=algo_3_refuses)
+    assert "algo-2:" not in str(info.value).split("last:")[-1]  # only the missing host is blamed
+    assert not (tmp_path / "tries-algo-3").exists()
+    for host in ("algo-2", "algo-4", "algo-5"):  # the workers that were reached got the end and a hang-up
+        assert (tmp_path / f"eof-{host}").exists()
+
+
+def test_closing_hangs_up_on_every_worker_before_waiting_for_any(tmp_path: Path) -> None:
+    links = connect_all(
+        HOSTS, tmp_path / "c", 22, 60, command=relay(tmp_path, 0.0, linger=0.5), probe=always_open
+    )
+    close_all(links)
+    # Each session lingers 0.5 s after its input ends: waiting for one before hanging up on the next would
+    # spread the hang-ups over 1.5 s.
+    hang_ups = [mark(tmp_path, "eof", host) for host in HOSTS]
+    assert max(hang_ups) - min(hang_ups) < 0.5
+    assert all(worker.proc.returncode == 0 for worker in links)
+
+
+def test_the_port_probe_says_why_a_port_is_closed() -> None:
+    assert port_open("localhost", 9, 2.0) == "port 9: Connection refused"
+    assert port_open("no-such-host.invalid", 22, 2.0).startswith("cannot resolve no-such-host.invalid")
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client")
+def test_the_ssh_config_prefers_a_cheap_key_exchange_that_ssh_accepts(tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(render_ssh_config(2222))
+    done = subprocess.run(
+        ["ssh", "-G", "-F", str(config), "algo-2"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    settings = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert settings["kexalgorithms"].split(",")[0] == "curve25519-sha256"
+    assert settings["port"] == "2222"
