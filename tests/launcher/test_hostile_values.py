@@ -87,7 +87,7 @@ def test_absurd_launcher_values_are_config_errors(reserved, message):
 
 
 def test_every_default_name_can_be_dropped_and_nothing_else():
-    every = MpiPlan(1, Path(), Path(), (), interface="eth0", ssh_config=Path(), yield_when_idle=True)
+    every = MpiPlan(1, Path(), Path(), (), "eth0", Path(), yield_when_idle=True, hosts=129)
     names = {name for name, _ in default_options(every)} | {"NCCL_SOCKET_IFNAME"}
     assert default_names() == names
     settings = parse_launcher_options({"launcher_drop_mpi_defaults": ",".join(sorted(names))})

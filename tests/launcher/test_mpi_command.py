@@ -230,3 +230,13 @@ def test_any_binding_directive_replaces_the_default_binding(custom):
 def test_values_of_user_options_are_not_taken_for_option_names():
     argv = build_mpirun_argv(two_hosts(custom_options=("--mca", "plm_rsh_args", "-p 2222 -o map-by")))
     assert "--map-by" in argv and mca(argv)["plm_rsh_args"] == "-p 2222 -o map-by"
+
+
+def test_above_open_mpis_128_concurrent_launches_every_host_is_launched_at_once():
+    # Open MPI starts at most plm_rsh_num_concurrent (128) orteds at a time; larger jobs get all at once.
+    assert "plm_rsh_num_concurrent" not in mca(build_mpirun_argv(two_hosts(hosts=128)))
+    assert mca(build_mpirun_argv(two_hosts(hosts=200)))["plm_rsh_num_concurrent"] == "200"
+    own = build_mpirun_argv(two_hosts(hosts=200, custom_options=("--mca", "plm_rsh_num_concurrent", "16")))
+    assert own.count("plm_rsh_num_concurrent") == 1 and mca(own)["plm_rsh_num_concurrent"] == "16"
+    dropped = build_mpirun_argv(two_hosts(hosts=200, drop_defaults=frozenset({"plm_rsh_num_concurrent"})))
+    assert "plm_rsh_num_concurrent" not in dropped

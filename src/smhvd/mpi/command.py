@@ -117,6 +117,10 @@ class MpiPlan:
     custom_options: tuple[str, ...] = ()
     drop_defaults: frozenset[str] = frozenset()
     env_mca: frozenset[str] = frozenset()  # MCA keys the job's environment sets (OMPI_MCA_<key>)
+    hosts: int = 1  # MPI hosts: mpirun starts an orted on each of the others over ssh
+
+
+OMPI_RSH_CONCURRENT = 128  # Open MPI's own plm_rsh_num_concurrent
 
 
 def default_options(plan: MpiPlan) -> list[tuple[str, list[str]]]:
@@ -137,13 +141,21 @@ def default_options(plan: MpiPlan) -> list[tuple[str, list[str]]]:
     if plan.ssh_config is not None:
         options.append(("plm_rsh_args", ["--mca", "plm_rsh_args", f"-F {plan.ssh_config}"]))
         options.append(("plm_rsh_no_tree_spawn", ["--mca", "plm_rsh_no_tree_spawn", "1"]))
+        # Flat launch: mpirun itself starts every orted (tree spawn needs every worker to ssh to the others;
+        # up to 64 hosts Open MPI's routing radix makes it flat anyway), at most plm_rsh_num_concurrent ssh
+        # sessions at a time: above Open MPI's 128, every host at once, as horovodrun sets for large
+        # clusters. Measured (flat, tree, capped): docs/benchmarks.md.
+        if plan.hosts > OMPI_RSH_CONCURRENT:
+            options.append(("plm_rsh_num_concurrent", ["--mca", "plm_rsh_num_concurrent", str(plan.hosts)]))
     return options
 
 
 def default_names() -> frozenset[str]:
     """Every name launcher_drop_mpi_defaults accepts: each default default_options can give (asked of a plan
     with every optional default on)."""
-    every = MpiPlan(1, Path(), Path(), (), interface="eth0", ssh_config=Path(), yield_when_idle=True)
+    every = MpiPlan(
+        1, Path(), Path(), (), "eth0", Path(), yield_when_idle=True, hosts=OMPI_RSH_CONCURRENT + 1
+    )
     return frozenset(name for name, _ in default_options(every))
 
 
@@ -200,6 +212,7 @@ def plan_for(
         custom_options=job.options.mpi.custom_options,
         drop_defaults=job.options.mpi.drop_defaults,
         env_mca=env_mca_keys(env),
+        hosts=len(job.mpi_hosts) if multi else 1,
     )
 
 
