@@ -56,9 +56,12 @@ def wait_for_file(path: Path) -> None:
 
 
 def start(job, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`train` on the job, with none of this machine's pip settings (PIP_NO_INDEX would keep pip off the
+    network, PIP_FIND_LINKS would offer it local wheels)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     return subprocess.Popen(
         [str(TRAIN)],
-        env={**os.environ, "SAGEMAKER_BASE_DIR": str(job.paths.base), **env},
+        env={**base, "SAGEMAKER_BASE_DIR": str(job.paths.base), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -104,8 +107,6 @@ def pip_env(server: socket.socket) -> dict[str, str]:
     return {
         "PIP_CONFIG_FILE": os.devnull,
         "PIP_INDEX_URL": f"http://127.0.0.1:{server.getsockname()[1]}/simple",
-        "PIP_EXTRA_INDEX_URL": "",
-        "PIP_FIND_LINKS": "",
         "PIP_DEFAULT_TIMEOUT": "60",
         "PIP_RETRIES": "0",
     }
