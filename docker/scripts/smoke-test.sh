@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # End-of-build smoke tests, in two parts so that a src/ change re-runs only the quick one:
 #   stack cpu|gpu  right after the venv lands in the runtime image: the stack imports there (its run-time libraries
-#                  are present), MPI and SSH are on PATH, and Horovod reports the frameworks and controllers (and,
-#                  for gpu, the NCCL operations) it was built with;
+#                  are present), tensorpack carries its TensorFlow 2 patch, MPI and SSH are on PATH, and Horovod
+#                  reports the frameworks and controllers (and, for gpu, the NCCL operations) it was built with;
 #   launcher       after the launcher is installed: `train` and `smhvd-train` are on PATH and start.
 #
 # usage: smoke-test.sh stack cpu|gpu | smoke-test.sh launcher
@@ -29,7 +29,10 @@ case "${1:-}" in
       *) echo "smoke-test: flavor must be cpu or gpu, not '${2:-}'" >&2; exit 2 ;;
     esac
     on_path mpirun sshd ssh horovodrun py-spy
-    python -c 'import horovod.tensorflow, tensorpack, mpi4py.MPI, cv2, pycocotools.mask'
+    python -c 'import horovod.tensorflow, tensorpack, mpi4py.MPI, cv2, pycocotools.mask, scipy.interpolate'
+    # tensorpack patched for TensorFlow 2 (docker/scripts/patch-tensorpack.py): HorovodTrainer can start
+    python -c 'import inspect, tensorpack.train.trainers as t
+assert "tf.compat.v1.global_variables" in inspect.getsource(t.HorovodTrainer.initialize), "tensorpack unpatched"'
     report=$(horovodrun --check-build)
     echo "$report"
     for item in "${required[@]}"; do

@@ -290,10 +290,6 @@ def train(cfg: Config, paths: Paths, world: dist.World, ds: data.Dataset) -> str
         starting_epoch=step // spe + 1,
         max_epoch=math.ceil(schedule.total_steps / spe),
     )
-    if world.size > 1 and not hasattr(tf, "global_variables"):
-        # Must stay: tensorpack 0.11's HorovodTrainer.initialize calls tf.global_variables(), which TF 2 has
-        # only as tf.compat.v1.global_variables, and no tensorpack option avoids the call.
-        tf.global_variables = tf1.global_variables
     trainer = HorovodTrainer(average=True) if world.size > 1 else SimpleTrainer()
     launch_train_with_config(config, trainer)
     final, _ = latest_checkpoint_step(paths.checkpoints) if world.is_chief else (None, 0)
