@@ -21,7 +21,8 @@ class Config:
     gn_groups: int = 32
     freeze_at: int = 2  # 0: train all; 1: freeze stem; 2: stem + first stage (Detectron's default)
     fpn_channels: int = 256
-    # Feed the backbone BGR: tensorpack's ImageNet ResNets and its published COCO models were trained so.
+    # The backbone reads BGR (images are decoded so): tensorpack's ImageNet ResNets and its published COCO
+    # models were trained so. false: RGB, for a backbone trained on RGB.
     bgr_input: bool = True
     # RPN
     anchor_sizes: tuple[int, ...] = (32, 64, 128, 256, 512)  # one per level P2..P6 (strides 4..64)

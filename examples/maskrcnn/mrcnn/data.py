@@ -15,11 +15,12 @@ from numpy.typing import NDArray
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
-from . import boxes as B
+from .anchors import rpn_targets
 from .config import Config
 
-PIXEL_MEAN_RGB = np.array([123.675, 116.28, 103.53], np.float32)
-PIXEL_STD_RGB = np.array([58.395, 57.12, 57.375], np.float32)
+# ImageNet's statistics, in the BGR order images are decoded and fed in.
+PIXEL_MEAN_BGR = np.array([103.53, 116.28, 123.675], np.float32)
+PIXEL_STD_BGR = np.array([57.375, 57.12, 58.395], np.float32)
 
 
 class DataError(ValueError):
@@ -144,11 +145,11 @@ def records(ds: Dataset, with_empty: bool) -> list[Record]:
 
 
 def read_image(path: str) -> NDArray[Any]:
-    """RGB uint8."""
+    """BGR uint8, as OpenCV decodes it (and as the model takes it: no conversion)."""
     bgr = cv2.imread(path, cv2.IMREAD_COLOR)
     if bgr is None:
         raise DataError(f"cannot read image {path}")
-    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    return np.asarray(bgr)
 
 
 def resize_scale(h: int, w: int, short_edge: int, max_size: int) -> float:
@@ -159,18 +160,33 @@ def resize_scale(h: int, w: int, short_edge: int, max_size: int) -> float:
 def resize(img: NDArray[Any], scale: float) -> NDArray[Any]:
     h, w = img.shape[:2]
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
-    return cv2.resize(img, size, interpolation=cv2.INTER_LINEAR)
+    return np.asarray(cv2.resize(img, size, interpolation=cv2.INTER_LINEAR))
 
 
 def padded_size(h: int, w: int) -> tuple[int, int]:
     return (-(-h // 32) * 32, -(-w // 32) * 32)
 
 
-def rasterize(segmentation: Any, h0: int, w0: int, scale: float, out_hw: tuple[int, int]) -> NDArray[Any]:
-    """A binary mask at the resized image size; polygons are scaled before rasterising (sharper)."""
+def flip_boxes(boxes: NDArray[Any], w: int) -> NDArray[Any]:
+    """Boxes of an image of width w mirrored left-right."""
+    return np.stack([w - boxes[:, 2], boxes[:, 1], w - boxes[:, 0], boxes[:, 3]], axis=1)
+
+
+def rasterize(
+    segmentation: Any, h0: int, w0: int, scale: float, out_hw: tuple[int, int], flip: bool = False
+) -> NDArray[Any]:
+    """A binary mask at the resized image size, mirrored left-right when `flip`; polygons are scaled (and
+    mirrored) before rasterising: sharper, and no copy of a mirrored mask."""
     h, w = out_hw
     if isinstance(segmentation, list):
-        polys = [list(np.asarray(p, np.float64) * scale) for p in segmentation if len(p) >= 6]
+        polys = []
+        for p in segmentation:
+            if len(p) < 6:
+                continue
+            xy = np.asarray(p, np.float64) * scale
+            if flip:
+                xy[0::2] = w - xy[0::2]
+            polys.append(list(xy))
         if not polys:  # degenerate annotation: no area
             return np.zeros((h, w), np.uint8)
         return np.asarray(mask_utils.decode(mask_utils.merge(mask_utils.frPyObjects(polys, h, w))))
@@ -179,68 +195,41 @@ def rasterize(segmentation: Any, h0: int, w0: int, scale: float, out_hw: tuple[i
         if isinstance(segmentation["counts"], str)
         else mask_utils.frPyObjects(segmentation, h0, w0)
     )
-    m: NDArray[Any] = mask_utils.decode(rle)
-    return np.asarray(cv2.resize(m, (w, h), interpolation=cv2.INTER_NEAREST))
+    m = np.asarray(cv2.resize(mask_utils.decode(rle), (w, h), interpolation=cv2.INTER_NEAREST))
+    return m[:, ::-1] if flip else m
 
 
-def _subsample(labels: NDArray[Any], value: int, limit: int, rng: np.random.Generator) -> None:
-    """Mark random anchors labelled `value` as ignored (-1) until at most `limit` remain."""
-    idx = np.nonzero(labels == value)[0]
-    if len(idx) > limit:
-        labels[rng.choice(idx, len(idx) - limit, replace=False)] = -1
-
-
-def rpn_targets(
-    anchors: NDArray[Any], gt: NDArray[Any], cfg: Config, rng: np.random.Generator
-) -> tuple[NDArray[Any], NDArray[Any]]:
-    """Anchor labels (1 fg, 0 bg, -1 ignored) sampled to cfg.rpn_batch_per_image, and box deltas (fg rows)."""
-    labels = np.full(len(anchors), -1, np.int32)
-    deltas = np.zeros((len(anchors), 4), np.float32)
-    if len(gt) == 0:
-        return labels, deltas
-    iou = B.np_iou(anchors, gt)
-    best_gt = iou.argmax(axis=1)
-    best_iou = iou[np.arange(len(anchors)), best_gt]
-    labels[best_iou < cfg.rpn_neg_iou] = 0
-    # Every ground-truth box gets its best anchors (ties included), even below the positive threshold.
-    gt_best = iou.max(axis=0)
-    forced = np.nonzero((iou == gt_best[None, :]) & (gt_best[None, :] > 0))[0]
-    labels[forced] = 1
-    labels[best_iou >= cfg.rpn_pos_iou] = 1
-    _subsample(labels, 1, int(cfg.rpn_batch_per_image * cfg.rpn_fg_ratio), rng)
-    _subsample(labels, 0, cfg.rpn_batch_per_image - int((labels == 1).sum()), rng)
-    fg = labels == 1
-    deltas[fg] = B.np_encode(gt[best_gt[fg]], anchors[fg])
-    return labels, deltas
+def masks_of(
+    segmentations: list[Any], h0: int, w0: int, scale: float, out_hw: tuple[int, int], flip: bool
+) -> NDArray[Any]:
+    """(G, h, w) uint8, each object's mask written once into the batch array."""
+    out = np.empty((len(segmentations), *out_hw), np.uint8)
+    for k, seg in enumerate(segmentations):
+        out[k] = rasterize(seg, h0, w0, scale, out_hw, flip)
+    return out
 
 
 def train_example(rec: Record, cfg: Config, rng: np.random.Generator) -> list[NDArray[Any]] | None:
-    """One training datapoint: [image, anchor_labels, anchor_deltas, gt_boxes, gt_labels, gt_masks]."""
+    """One training datapoint: [image (BGR uint8), anchor_labels, anchor_deltas, gt_boxes, gt_labels,
+    gt_masks]: the image resized to a random short edge of cfg.short_edge and mirrored with probability 1/2,
+    the boxes and masks with it, RPN targets for every anchor (mrcnn/anchors.py)."""
     img = read_image(rec.path)
     h0, w0 = img.shape[:2]
     scale = resize_scale(h0, w0, int(rng.choice(cfg.short_edge)), cfg.max_size)
     img = resize(img, scale)
     h, w = img.shape[:2]
     boxes = rec.boxes * np.float32(scale)
-    masks = np.stack([rasterize(s, h0, w0, scale, (h, w)) for s in rec.segmentations]).astype(np.uint8)
-    if cfg.flip and rng.random() < 0.5:
-        img = img[:, ::-1]
-        masks = masks[:, :, ::-1]
-        boxes = np.stack([w - boxes[:, 2], boxes[:, 1], w - boxes[:, 0], boxes[:, 3]], axis=1)
-    keep = (boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1)
-    if not keep.any():
+    flip = bool(cfg.flip and rng.random() < 0.5)
+    if flip:
+        img = np.asarray(cv2.flip(img, 1))
+        boxes = flip_boxes(boxes, w)
+    keep = np.flatnonzero((boxes[:, 2] - boxes[:, 0] >= 1) & (boxes[:, 3] - boxes[:, 1] >= 1))
+    if not len(keep):
         return None
-    boxes, masks, classes = boxes[keep], masks[keep], rec.classes[keep]
-    anchors = B.np_anchors(*padded_size(h, w), cfg.anchor_sizes, cfg.anchor_ratios)
-    labels, deltas = rpn_targets(anchors, boxes, cfg, rng)
-    return [
-        np.ascontiguousarray(img, np.float32),
-        labels,
-        deltas,
-        boxes.astype(np.float32),
-        classes,
-        np.ascontiguousarray(masks),
-    ]
+    boxes = np.ascontiguousarray(boxes[keep], np.float32)
+    masks = masks_of([rec.segmentations[k] for k in keep], h0, w0, scale, (h, w), flip)
+    labels, deltas = rpn_targets(h, w, boxes, cfg, rng)
+    return [img, labels, deltas, boxes, rec.classes[keep], masks]
 
 
 def train_dataflow(recs: list[Record], cfg: Config, rank: int, size: int) -> Any:

@@ -92,7 +92,7 @@ def predict_image(
     img = read_image(path)
     h0, w0 = img.shape[:2]
     resized = resize(img, resize_scale(h0, w0, cfg.short_edge[0], cfg.max_size))
-    boxes, scores, labels, masks = predictor(resized.astype(np.float32))
+    boxes, scores, labels, masks = predictor(resized)  # BGR uint8, as the model takes it
     # One scale for both axes, the geometric mean of the two (they differ only by the resize's rounding), as
     # tensorpack's predict_image: the same model then gives the same boxes to the last decimal.
     scale = math.sqrt(resized.shape[0] / h0 * resized.shape[1] / w0)

@@ -29,7 +29,7 @@ from tensorpack.tfutils.varreplace import freeze_variables
 
 from . import boxes as B
 from .config import Config, Schedule
-from .data import PIXEL_MEAN_RGB, PIXEL_STD_RGB
+from .data import PIXEL_MEAN_BGR, PIXEL_STD_BGR
 
 tf1 = tf.compat.v1
 CONV_INIT = tf1.variance_scaling_initializer(scale=2.0, mode="fan_out", distribution="untruncated_normal")
@@ -342,7 +342,7 @@ class MaskRCNN(ModelDesc):  # type: ignore[misc]  # tensorpack has no type infor
 
     def inputs(self) -> list[tf.TensorSpec]:
         return [
-            tf.TensorSpec((None, None, 3), tf.float32, "image"),  # RGB 0..255, unpadded
+            tf.TensorSpec((None, None, 3), tf.uint8, "image"),  # BGR as decoded, unpadded
             tf.TensorSpec((None,), tf.int32, "anchor_labels"),
             tf.TensorSpec((None, 4), tf.float32, "anchor_deltas"),
             tf.TensorSpec((None, 4), tf.float32, "gt_boxes"),
@@ -363,8 +363,8 @@ class MaskRCNN(ModelDesc):  # type: ignore[misc]  # tensorpack has no type infor
         training = get_current_tower_context().is_training
         hw = tf.shape(image)[:2]
         image_hw = tf.cast(hw, tf.float32)
-        x = (image - PIXEL_MEAN_RGB) / PIXEL_STD_RGB
-        if cfg.bgr_input:
+        x = (tf.cast(image, tf.float32) - PIXEL_MEAN_BGR) / PIXEL_STD_BGR
+        if not cfg.bgr_input:  # a backbone trained on RGB
             x = tf.reverse(x, axis=[-1])
         pad = (32 - hw % 32) % 32
         x = tf.expand_dims(tf.pad(x, [[0, pad[0]], [0, pad[1]], [0, 0]]), 0)

@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from mrcnn import boxes as B
-from mrcnn.config import build_config
-from mrcnn.data import rpn_targets
 
 tf1 = tf.compat.v1
 
@@ -102,21 +100,6 @@ def test_graph_anchors_equal_numpy_anchors() -> None:
         )
     )
     np.testing.assert_allclose(tf_anchors, B.np_anchors(160, 224, sizes, ratios), atol=1e-4)
-
-
-def test_rpn_targets_sample_and_encode_ground_truth() -> None:
-    cfg = build_config("tiny", [])
-    anchors = B.np_anchors(128, 128, cfg.anchor_sizes, cfg.anchor_ratios)
-    gt = np.array([[10, 10, 40, 50], [70, 60, 120, 100]], np.float32)
-    labels, deltas = rpn_targets(anchors, gt, cfg, np.random.default_rng(0))
-    fg, bg = labels == 1, labels == 0
-    assert 0 < fg.sum() <= cfg.rpn_batch_per_image * cfg.rpn_fg_ratio
-    assert fg.sum() + bg.sum() == cfg.rpn_batch_per_image
-    iou = B.np_iou(anchors, gt)
-    assert np.all(iou[bg].max(axis=1) < cfg.rpn_neg_iou)
-    assert set(iou[fg].argmax(axis=1)) == {0, 1}  # every object has positive anchors
-    decoded = B.np_decode(deltas[fg], anchors[fg])
-    np.testing.assert_allclose(decoded, gt[iou[fg].argmax(axis=1)], atol=1e-3)
 
 
 def test_reference_nms_keeps_the_best_of_each_overlapping_group() -> None:

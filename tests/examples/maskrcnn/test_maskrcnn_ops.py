@@ -115,7 +115,7 @@ def predictor(overrides: list[str]):
 
 
 def test_inference_graph_outputs_are_consistent() -> None:
-    image = np.random.default_rng(0).uniform(0, 255, (100, 120, 3)).astype(np.float32)  # not a multiple of 32
+    image = np.random.default_rng(0).uniform(0, 255, (100, 120, 3)).astype(np.uint8)  # not a multiple of 32
     predict, cfg = predictor([])
     boxes, scores, labels, masks = predict(image)
     k = len(boxes)

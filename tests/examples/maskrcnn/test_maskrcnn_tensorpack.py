@@ -65,7 +65,7 @@ def model_variables(graph: tf.Graph) -> dict[str, list[int]]:
 def build_inference(num_classes: int) -> tuple[tf.Graph, tf.Tensor, list[tf.Tensor]]:
     graph = tf.Graph()
     with graph.as_default():
-        image = tf1.placeholder(tf.float32, [None, None, 3], "image")
+        image = tf1.placeholder(tf.uint8, [None, None, 3], "image")
         specs = MaskRCNN(build_config("coco", []), num_classes).inputs()
         rest = [tf1.placeholder(s.dtype, s.shape, s.name) for s in specs[1:]]
         with PredictTowerContext(""):
@@ -98,7 +98,7 @@ def test_all_307_arrays_load_through_the_evaluation_path_and_predict(published_n
         stored = np.load(published_npz)
         for name in ("conv0/W", "fastrcnn/fc6/W", "fastrcnn/outputs/class/b", "maskrcnn/conv/W"):
             np.testing.assert_array_equal(sess.run(values[name]), stored[name])
-        photo = np.random.default_rng(1).uniform(0, 255, (96, 160, 3)).astype(np.float32)
+        photo = np.random.default_rng(1).uniform(0, 255, (96, 160, 3)).astype(np.uint8)
         boxes, scores, labels, masks = sess.run(outputs, {image: photo})
     assert loaded_counts(lines) == (307, 307), lines
     assert not any("unused" in x or "initialisation" in x for x in lines), lines

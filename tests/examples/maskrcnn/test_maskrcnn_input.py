@@ -1,0 +1,103 @@
+"""The training input pipeline: RPN targets on the anchor grid against a brute-force reading of tensorpack's
+get_anchor_labels (every anchor's box, dense IoU), aligned with the graph's anchors; a datapoint's shapes and
+mirroring."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from mrcnn import anchors as A
+from mrcnn import boxes as B
+from mrcnn import data
+from mrcnn.config import build_config
+
+
+def reference_labels(h: int, w: int, gt: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    """Before sampling: labels of every anchor (-1 outside the image, 1 / 0 / -1 by IoU inside, forced best
+    matches 1) and each anchor's best box, from every anchor's box and a dense IoU."""
+    boxes = B.np_anchors(*data.padded_size(h, w), cfg.anchor_sizes, cfg.anchor_ratios).astype(np.float64)
+    inside = (boxes[:, 0] >= 0) & (boxes[:, 1] >= 0) & (boxes[:, 2] <= w) & (boxes[:, 3] <= h)
+    iou = np.where(inside[:, None], B.np_iou(boxes, gt.astype(np.float64)), 0.0)
+    best, best_gt = iou.max(axis=1), iou.argmax(axis=1)
+    labels = np.where(inside & (best < cfg.rpn_neg_iou), 0, -1)
+    gt_best = iou.max(axis=0)
+    forced = ((iou == gt_best[None, :]) & (gt_best[None, :] > 0)).any(axis=1)
+    labels[forced | (best >= cfg.rpn_pos_iou)] = 1
+    return labels, best_gt
+
+
+def random_gt(rng: np.random.Generator, n: int, h: int, w: int) -> np.ndarray:
+    x1, y1 = rng.uniform(0, w - 8, n), rng.uniform(0, h - 8, n)
+    bw, bh = rng.uniform(4, w / 2, n), rng.uniform(4, h / 2, n)
+    return np.stack([x1, y1, np.minimum(x1 + bw, w), np.minimum(y1 + bh, h)], 1).astype(np.float32)
+
+
+@pytest.mark.parametrize(("h", "w", "n", "seed"), [(128, 128, 2, 0), (100, 170, 9, 1), (800, 1067, 25, 2)])
+def test_rpn_targets_equal_the_dense_reference_before_sampling(h: int, w: int, n: int, seed: int) -> None:
+    cfg = build_config("coco" if h > 200 else "tiny", [])
+    huge = replace(cfg, rpn_batch_per_image=10**9, rpn_fg_ratio=0.5)  # no sampling: every label shows
+    gt = random_gt(np.random.default_rng(seed), n, h, w)
+    labels, deltas = A.rpn_targets(h, w, gt, huge, np.random.default_rng(0))
+    expected, best_gt = reference_labels(h, w, gt, cfg)
+    np.testing.assert_array_equal(labels, expected)
+    fg = labels == 1
+    assert fg.any()
+    anchors = B.np_anchors(*data.padded_size(h, w), cfg.anchor_sizes, cfg.anchor_ratios)
+    np.testing.assert_allclose(B.np_decode(deltas[fg], anchors[fg]), gt[best_gt[fg]], atol=1e-2)
+    assert not deltas[~fg].any()
+
+
+def test_rpn_targets_sample_the_anchor_batch() -> None:
+    cfg = build_config("coco", [])
+    gt = random_gt(np.random.default_rng(5), 30, 800, 1200)
+    labels, _ = A.rpn_targets(800, 1200, gt, cfg, np.random.default_rng(1))
+    fg, bg = int((labels == 1).sum()), int((labels == 0).sum())
+    assert fg == cfg.rpn_batch_per_image * cfg.rpn_fg_ratio  # 30 objects: more fg candidates than 128
+    assert fg + bg == cfg.rpn_batch_per_image
+    other, _ = A.rpn_targets(800, 1200, gt, cfg, np.random.default_rng(2))
+    assert not np.array_equal(labels, other)  # sampled at random
+
+
+def test_an_image_without_boxes_has_only_background_inside() -> None:
+    cfg = build_config("tiny", [])
+    labels, deltas = A.rpn_targets(100, 120, np.zeros((0, 4), np.float32), cfg, np.random.default_rng(0))
+    assert (labels == 0).sum() == cfg.rpn_batch_per_image and not (labels == 1).any()
+    assert (
+        len(labels) == len(B.np_anchors(128, 128, cfg.anchor_sizes, cfg.anchor_ratios)) and not deltas.any()
+    )
+
+
+def test_anchor_boxes_from_flat_indices_are_the_graphs_anchors() -> None:
+    cfg = build_config("coco", [])
+    levels = A.levels(224, 320, cfg.anchor_sizes, cfg.anchor_ratios)
+    everything = B.np_anchors(224, 320, cfg.anchor_sizes, cfg.anchor_ratios)
+    assert sum(level.size for level in levels) == len(everything)
+    flat = np.random.default_rng(0).choice(len(everything), 500, replace=False)
+    np.testing.assert_allclose(A.anchor_boxes(levels, flat), everything[flat], atol=1e-4)
+
+
+def test_a_mirrored_example_mirrors_image_boxes_and_masks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import cv2
+
+    img = np.zeros((60, 80, 3), np.uint8)
+    img[10:30, 5:25] = (255, 0, 0)  # a blue square (BGR) at the left
+    cv2.imwrite(str(tmp_path / "a.png"), img)
+    rec = data.Record(
+        image_id=1, path=str(tmp_path / "a.png"), height=60, width=80,
+        boxes=np.array([[5, 10, 25, 30]], np.float32), classes=np.array([1], np.int64),
+        segmentations=([[5, 10, 25, 10, 25, 30, 5, 30]],),
+    )  # fmt: skip
+    cfg = replace(build_config("tiny", []), short_edge=(60,), max_size=128)
+    flips = {}
+    for seed in range(8):
+        image, _, _, boxes, classes, masks = data.train_example(rec, cfg, np.random.default_rng(seed))
+        assert image.dtype == np.uint8 and masks.shape == (1, 60, 80) and classes.tolist() == [1]
+        mirrored = bool(image[20, 70, 0] == 255)
+        flips[mirrored] = (boxes[0].tolist(), masks[0])
+        assert (image[20, 15, 0] == 255) != mirrored
+    assert set(flips) == {True, False}  # both happen
+    np.testing.assert_allclose(flips[True][0], [55, 10, 75, 30])
+    np.testing.assert_array_equal(flips[True][1], flips[False][1][:, ::-1])
+    assert flips[False][1][10:30, 5:25].all() and flips[False][1].sum() == 400
