@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import py_compile
 import sys
+import warnings
 from pathlib import Path
 
 VERSION = "0.11"
@@ -130,6 +132,9 @@ def main(argv: list[str]) -> int:
         path.write_text(text)
         for cached in (path.parent / "__pycache__").glob(path.stem + ".*.pyc"):
             cached.unlink()
+        with warnings.catch_warnings():  # tensorpack's own docstrings have invalid escapes: compile them now,
+            warnings.simplefilter("ignore")  # once, not at every first import of a user's job
+            py_compile.compile(str(path), doraise=True)
     (root / MARKER).write_text(
         f"tensorpack {VERSION}: {len(EDITS)} edits (docker/scripts/patch-tensorpack.py)\n"
     )
