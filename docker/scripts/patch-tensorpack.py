@@ -6,7 +6,9 @@ tensorpack 0.11 calls a few TensorFlow 1 names through `tf.` that TensorFlow 2 h
 AccumGradOptimizer, MultiTowerOfflinePredictor, OnlinePredictor without a session, HookToCallback,
 GraphProfiler, CheckGradient, BatchQueueInput), uses NumPy aliases removed in NumPy 1.24 (`np.float`,
 `np.object`), and GPUUtilizationTracker asserts a GPU in `_before_train` even after it disabled itself under
-MPI. Each edit below is the same call through the name that exists; nothing else changes.
+MPI; and its `isinstance(v, tfv1.Variable)` checks miss TF 2's resource variables, so frozen variables and
+BatchNorm statistics never reach MODEL_VARIABLES. Each edit below is the same call through the name that
+exists (or the check with both variable classes); nothing else changes.
 
 The image build and the dev setup run this once after `pip install tensorpack==0.11`, so every script in the
 image (tensorpack's own examples included) gets the same library. It checks the version and that every text
@@ -28,6 +30,7 @@ from pathlib import Path
 VERSION = "0.11"
 MARKER = ".smhvd-tf2-patch"
 NEEDS_GPU = '"[GPUUtilizationTracker] needs GPU!"'
+EITHER_VARIABLE = "(tf.Variable, tf.compat.v2.Variable)"
 
 # (file under the tensorpack package, text as released, replacement, occurrences)
 EDITS: tuple[tuple[str, str, str, int], ...] = (
@@ -66,6 +69,17 @@ EDITS: tuple[tuple[str, str, str, int], ...] = (
         "            assert gpu_available_in_session(), " + NEEDS_GPU,
         1,
     ),
+    # tfv1.Variable is the TF 1 class: a TF 2 resource variable is not one, so frozen variables and
+    # BatchNorm's moving statistics never reached MODEL_VARIABLES (freeze_variables warned for each).
+    ("tfutils/varreplace.py", "if isinstance(v, tf.Variable):", f"if isinstance(v, {EITHER_VARIABLE}):", 1),
+    ("models/batch_norm.py", "if isinstance(v, tf.Variable):", f"if isinstance(v, {EITHER_VARIABLE}):", 2),
+    (
+        "tfutils/model_utils.py",
+        "(tf.Tensor, tf.Variable)",
+        "(tf.Tensor, tf.Variable, tf.compat.v2.Variable)",
+        2,
+    ),
+    ("tfutils/summary.py", "(tf.Tensor, tf.Variable)", "(tf.Tensor, tf.Variable, tf.compat.v2.Variable)", 1),
     ("tfutils/gradproc.py", "grad = tf.check_numerics(", "grad = tf.debugging.check_numerics(", 1),
     ("input_source/input_source.py", "self.queue = tf.FIFOQueue(", "self.queue = tfv1.FIFOQueue(", 1),
     ("tfutils/symbolic_functions.py", "return tf.Print(", "return tfv1.Print(", 1),

@@ -46,6 +46,30 @@ def test_the_patch_refuses_a_tensorpack_it_does_not_know(tmp_path: Path) -> None
     assert "something_else()" in trainers.read_text()
 
 
+def test_frozen_variables_and_batchnorm_statistics_are_model_variables() -> None:
+    """tensorpack keeps what is not trained but belongs to the model (frozen layers, BatchNorm's moving
+    statistics) in MODEL_VARIABLES; its dumps and loaders rely on it. Under TF 2 (resource variables) its
+    isinstance checks missed them until patched."""
+    script = (
+        "import tensorflow as tf\n"
+        "from tensorpack.models import BatchNorm\n"
+        "from tensorpack.tfutils.tower import TowerContext\n"
+        "from tensorpack.tfutils.varreplace import freeze_variables\n"
+        "tf1 = tf.compat.v1\n"
+        "tf1.disable_eager_execution()\n"
+        "with TowerContext('', is_training=True):\n"
+        "    with freeze_variables(skip_collection=True):\n"
+        "        w = tf1.get_variable('frozen', [3])\n"
+        "    BatchNorm('bn', tf1.placeholder(tf.float32, [None, 4]))\n"
+        "names = sorted(v.op.name for v in tf1.get_collection(tf1.GraphKeys.MODEL_VARIABLES))\n"
+        "print(names)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "['bn/mean/EMA', 'bn/variance/EMA', 'frozen']" in result.stdout
+    assert "did not return a Variable" not in result.stderr + result.stdout
+
+
 # A tiny ModelDesc trained by tensorpack's HorovodTrainer under `train`, with the callbacks tensorpack's
 # FasterRCNN example uses (GPUUtilizationTracker disables itself under MPI) and its AccumGradOptimizer; then
 # an OfflinePredictor from the last checkpoint. Every rank writes what it ends with.
