@@ -133,9 +133,10 @@ def program_path(source: Source) -> Path:
 
 
 def program_command(path: Path, python: str = sys.executable) -> list[str]:
-    """How to run the entry point: Python scripts with this interpreter, shell scripts with bash."""
+    """How to run the entry point: Python scripts with this interpreter under smhvd.runscript (a failing
+    script ends its rank at once instead of hanging in MPI's finalisation), shell scripts with bash."""
     if path.suffix == ".py":
-        return [python, str(path)]
+        return [python, "-m", "smhvd.runscript", str(path)]
     if path.suffix == ".sh":
         return ["/bin/bash", str(path)]
     if os.access(path, os.X_OK):

@@ -120,6 +120,24 @@ def test_rank_crash_on_worker_fails_every_host_and_names_it(launch: Launch) -> N
     assert all(process.result().left_running == () for process in processes.values())
 
 
+@pytest.mark.parametrize(("crash_host", "rank"), [("algo-1", 0), ("algo-2", 1)])
+def test_a_rank_raising_after_mpi_init_ends_the_job_on_every_host(
+    launch: Launch, crash_host: str, rank: int
+) -> None:
+    """The other rank waits in a barrier and the raising one would wait in MPI_Finalize: without
+    smhvd.runscript the job hangs until max_run."""
+    cluster, processes = launch("raise", crash_host=crash_host)
+    started = time.time()
+    codes = wait_all(processes, 120)
+    assert codes == {"algo-1": 1, "algo-2": 1}, log_of(processes, "algo-1")
+    assert max(process.ended or 0.0 for process in processes.values()) - started < 30
+    failure = (cluster.ml_dir("algo-1") / "output" / "failure").read_text()
+    assert failure.startswith(f"rank {rank} on {crash_host} exited with code 1\n"), failure
+    assert failure.rstrip().endswith(f"ValueError: probe-raise-marker: rank {rank} on {crash_host}")
+    assert "runpy" not in failure  # the script's own traceback, as `python script.py` prints it
+    assert all(process.result().left_running == () for process in processes.values())
+
+
 def test_worker_never_up_fails_the_leader_within_its_timeout(launch: Launch) -> None:
     cluster, processes = launch("ok", down=("algo-2",), launcher_peer_timeout_seconds=5)
     started = time.time()

@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import subprocess
+import textwrap
 import time
 
 import pytest
@@ -83,6 +84,49 @@ def test_a_crashing_rank_gives_its_exit_code_and_stderr_in_the_failure_file(trai
     assert elapsed < 30  # rank 0 sleeps 60 s: it was aborted, not waited for
     assert "@@smhvd-rank-failure@@" not in result.stderr  # the marker is consumed, the stderr itself shown
     assert "ValueError: shard 7" in result.stderr
+
+
+RAISE_AFTER_INIT = """
+    import sys
+    {init}
+    if {rank} == {failing}:
+        {fail}
+    {wait}
+"""
+MPI4PY = {"init": "from mpi4py import MPI; MPI.COMM_WORLD.Barrier()", "rank": "MPI.COMM_WORLD.rank",
+          "wait": "MPI.COMM_WORLD.Barrier()"}  # fmt: skip
+HOROVOD = {"init": "import tensorflow as tf, horovod.tensorflow as hvd; hvd.init()", "rank": "hvd.rank()",
+           "wait": "hvd.allreduce(tf.constant(1.0), name='waits_for_the_failing_rank')"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("framework", "failing", "fail", "code", "last_line"),
+    [
+        (MPI4PY, 0, "raise ValueError('rank 0 broke')", 1, "ValueError: rank 0 broke"),
+        (MPI4PY, 1, "raise ValueError('rank 1 broke')", 1, "ValueError: rank 1 broke"),
+        (MPI4PY, 1, "sys.exit(3)", 3, None),
+        (HOROVOD, 1, "raise KeyError('shard 7')", 1, "KeyError: 'shard 7'"),
+    ],
+    ids=["mpi4py-rank0-raises", "mpi4py-rank1-raises", "mpi4py-exit-3", "horovod-rank1-raises"],
+)
+def test_a_rank_failing_after_mpi_init_ends_the_job_at_once(
+    train_job, framework, failing, fail, code, last_line
+):
+    """The other rank waits in a collective, and the failing one would wait in MPI_Finalize (or Horovod's
+    shutdown) at exit: a hang until max_run without smhvd.runscript."""
+    job = train_job(
+        textwrap.dedent(RAISE_AFTER_INIT).format(failing=failing, fail=fail, **framework),
+        {"sagemaker_mpi_num_of_processes_per_host": 2},
+    )
+    started = time.monotonic()
+    result = job.run(timeout=120)
+    assert result.returncode == code, result.stderr[-2000:]
+    assert time.monotonic() - started < 60  # ended by the launcher, not by a timeout
+    failure = job.failure()
+    assert failure is not None and failure.startswith(f"rank {failing} on algo-1 exited with code {code}")
+    if last_line:
+        assert failure.rstrip().splitlines()[-1] == last_line
+        assert "Traceback (most recent call last)" in failure and "runpy" not in failure
 
 
 def test_a_rank_killed_by_a_signal_is_named(train_job):

@@ -3,7 +3,9 @@
 Every rank records where it ran (output/data/rank-N.json: its host, the SM_CURRENT_HOST it saw and the
 variables named by --record), with --allreduce takes part in an MPI allreduce over every rank, then:
 --mode ok: exits 0; --mode crash: the rank on --crash_host writes a marker to stderr and exits 3, the
-others run for a long time; --mode sleep: runs for a long time. On SIGTERM a rank saves a checkpoint
+others run for a long time; --mode raise: after MPI is initialised, the rank on --crash_host raises an
+uncaught exception while the others wait for it in a barrier (mpi4py's MPI_Finalize would wait for them
+in turn); --mode sleep: runs for a long time. On SIGTERM a rank saves a checkpoint
 (/opt/ml/checkpoints/rank-N) and exits 0, as a spot-training script does.
 """
 
@@ -17,7 +19,7 @@ import time
 from pathlib import Path
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--mode", choices=["ok", "crash", "sleep"], default="ok")
+parser.add_argument("--mode", choices=["ok", "crash", "raise", "sleep"], default="ok")
 parser.add_argument("--crash_host", default="algo-2")
 parser.add_argument("--seconds", type=float, default=300.0)
 parser.add_argument("--record", default="", help="comma-separated variable names to record")
@@ -60,6 +62,13 @@ if args.allreduce == "true":
 print(f"rank {rank} running on {host}", flush=True)
 if args.mode == "ok":
     sys.exit(0)
+if args.mode == "raise":
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()
+    if host == args.crash_host:
+        raise ValueError(f"probe-raise-marker: rank {rank} on {host}")
+    MPI.COMM_WORLD.Barrier()  # waits for the raising rank: only the launcher can end this job
 if args.mode == "crash" and host == args.crash_host:
     print(f"probe-crash-marker: rank {rank} on {host} gives up", file=sys.stderr, flush=True)
     sys.exit(3)

@@ -81,6 +81,9 @@ def supervise(
         stdin=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         preexec_fn=lambda: die_with_parent(signal.SIGTERM),  # noqa: PLW1509  (no job outlives the launcher)
+        # Its own session: a signal to the launcher's process group (a terminal's Ctrl-C, `timeout`, a shell
+        # killing its job) reaches the launcher alone, which stops the ranks in order (stack dumps first).
+        start_new_session=True,
     )
     keep_pids = {proc.pid, *keep}
     stopped = False

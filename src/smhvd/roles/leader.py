@@ -21,6 +21,7 @@ from smhvd.proc.signals import SignalWatch
 from smhvd.proc.supervisor import STOP_DUMP_WAIT, Dumps, Outcome, supervise
 from smhvd.rank import RANK_ARGV
 from smhvd.report import failure, summary
+from smhvd.report.failure import RankFailure
 from smhvd.report.stacks import StackDumper
 from smhvd.roles.peers import WorkerLink, close_all, connect_all
 from smhvd.roles.sshd import render_ssh_config, ssh_port
@@ -46,7 +47,12 @@ def mpirun_rank_command(program: Sequence[str], env: Mapping[str, str]) -> tuple
 def failure_reason(outcome: Outcome) -> str:
     """The failure file's text: the first failed rank and its stderr, else Open MPI's abort notice or
     mpirun's own last words."""
-    first = outcome.output.failures[0] if outcome.output.failures else None
+    failures = outcome.output.failures
+    verdict = parse_mpirun_verdict(outcome.output.tail_text()) if len(failures) > 1 else None
+    # Several ranks failed (the others often fail once the first is gone): the one mpirun saw exit first,
+    # whose report may have reached the output after another's.
+    named = [f for f in failures if verdict is not None and f.rank == verdict.rank]
+    first: RankFailure | None = (named or failures)[0] if failures else None
     notice = outcome.output.abort_notice
     if first is None and notice is not None:
         ended = " (mpirun hung after it; ended by the launcher)" if outcome.ended_hung_abort else ""
