@@ -15,6 +15,7 @@ EX_UNAVAILABLE = 69  # a peer host never came up, or the leader was lost mid-job
 EX_MPI_ABORT = 76  # Open MPI announced an abort (e.g. ranks cannot reach each other) and mpirun hung: ended
 EX_SOFTWARE = 70  # internal error, or the code's requirements.txt failed to install
 EX_CONFIG = 78  # malformed or inconsistent /opt/ml configuration
+EX_CANTCREAT = 73  # this host's environment for its ranks could not be served (its directory is taken)
 EX_STOPPED = 128 + 15  # stopped by SIGTERM (how SageMaker stops a job)
 
 
@@ -62,6 +63,12 @@ class Stopped(LauncherError):
     """SIGTERM (SageMaker's StopTrainingJob) or Ctrl-C arrived before the job started."""
 
     exit_code = EX_STOPPED
+
+
+class HostEnvError(LauncherError):
+    """This host's environment for its ranks cannot be served, or (in a rank) cannot be had or trusted."""
+
+    exit_code = EX_CANTCREAT
 
 
 class WaitTimeout(LauncherError):

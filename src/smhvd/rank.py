@@ -3,7 +3,7 @@ argv in SMHVD_RANK_ARGV (so that no user value is ever parsed by mpirun); starte
 
 - Takes this host's own environment from its `train` (roles/hostenv.py): the container's variables and its own
   SM_* values (mpirun forwards the leader's), so each rank sees its own SM_CURRENT_HOST and what SageMaker
-  set in its container.
+  set in its container. Without it the rank does not start (exit 69, one line naming why).
 - Streams the program's stderr through unchanged and keeps its tail; when the program fails, prints one
   marker line (failure.MARKER + JSON) that the leader picks out of mpirun's output as the root cause.
 - Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP to the program. A stop request (SIGTERM or SIGINT) that
@@ -19,13 +19,14 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, MutableMapping
 
-from smhvd.errors import LauncherError
+from smhvd.errors import EX_UNAVAILABLE, LauncherError
 from smhvd.proc.processes import become_subreaper, drain_pipe, kill_descendants, rank_program_preexec
 from smhvd.report.failure import RankFailure
 from smhvd.report.summary import RankStart
@@ -41,15 +42,12 @@ RANK_ARGV = "SMHVD_RANK_ARGV"
 
 def local_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment for the program on this host: what mpirun forwarded, merged with the environment this
-    host's own `train` serves (its container's variables and its own SM_* values; see roles/hostenv.py)."""
-    try:
-        served = hostenv.fetch(ssh_port(env))
-    except (LauncherError, OSError) as exc:
-        sys.stderr.write(
-            f"smhvd.rank: this host's environment is unavailable ({exc}); using the forwarded one\n"
-        )
-        served = None
-    return dict(env) if served is None else hostenv.merge(env, served)
+    host's own `train` serves (its container's variables and its own SM_* values; see roles/hostenv.py).
+    Started directly (not by mpirun under `train`): the environment as it is. HostEnvError when the host's
+    environment cannot be had: a rank never runs with another host's identity."""
+    if env.get(hostenv.SERVED) != "1":
+        return dict(env)
+    return hostenv.merge(env, hostenv.fetch(ssh_port(env)))
 
 
 def _identity(env: Mapping[str, str]) -> tuple[int | None, str | None]:
@@ -81,9 +79,23 @@ def stderr_until_exit(proc: subprocess.Popen[bytes]) -> Iterator[bytes]:
     yield from drain_pipe(fd)
 
 
+def unavailable(exc: LauncherError) -> int:
+    """The rank cannot start: one line, and the failure marker that makes it the job's reported cause."""
+    message = f"smhvd.rank: {exc}\n"
+    os.write(2, message.encode())
+    rank, _ = _identity(os.environ)
+    host = socket.gethostname()  # not SM_CURRENT_HOST: without this host's environment that is the leader's
+    failure = RankFailure(rank=rank, host=host, exit_code=EX_UNAVAILABLE, signal=None, stderr_tail=message)
+    os.write(2, failure.to_marker().encode())
+    return EX_UNAVAILABLE
+
+
 def run(program: list[str]) -> int:
     become_subreaper()  # what the program leaves behind is re-parented here, and killed when it exits
-    env = local_env(os.environ)
+    try:
+        env = local_env(os.environ)
+    except LauncherError as exc:
+        return unavailable(exc)
     stop_requested = False
     proc = subprocess.Popen(program, env=env, stderr=subprocess.PIPE, preexec_fn=rank_program_preexec)  # noqa: PLW1509
     os.write(2, RankStart(*_identity(env), at=time.time()).to_marker().encode())  # for the job summary

@@ -162,14 +162,16 @@ def test_ranks_that_cannot_reach_each_other_end_the_job_within_seconds(launch: L
     )
     codes = {host: process.wait(180) for host, process in processes.items()}
     elapsed = time.monotonic() - started
-    assert codes == {"algo-1": 76, "algo-2": 76}, log_of(processes, "algo-1")
+    # The ranks' MPI calls fail (smhvd.runscript ends them: exit 1), or mpirun hangs after its notice and the
+    # launcher ends it (76): either way the job ends within seconds, with Open MPI's reason first.
+    assert codes in ({"algo-1": 1, "algo-2": 1}, {"algo-1": 76, "algo-2": 76}), log_of(processes, "algo-1")
     assert elapsed < 45  # abort notice + 5 s grace + SIGTERM, on a loaded machine; before: until max_run
     for host in HOSTS:
         failure = (cluster.ml_dir(host) / "output" / "failure").read_text()
-        assert failure.splitlines()[0] == (
+        assert failure.splitlines()[0].startswith(
             "MPI aborted the job: At least one pair of MPI processes are unable to reach each other for MPI "
-            "communications (mpirun hung after it; ended by the launcher)"
-        )
+            "communications"
+        ), failure
         assert processes[host].result().left_running == ()
     # Evidence follows the headline, within SageMaker's 1024 characters (which lines of the interleaved
     # output of both hosts make the tail varies from run to run).

@@ -1,10 +1,15 @@
 """Each host's own environment for its ranks (hostenv), and the interface a host really has (job)."""
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
@@ -12,6 +17,8 @@ from smhvd.config.hardware import parse_route_device
 from smhvd.config.job import Hardware, Job, with_usable_interface
 from smhvd.config.launcher_options import parse_launcher_options
 from smhvd.config.sagemaker_files import parse_resource_config, read_json
+from smhvd.errors import HostEnvError
+from smhvd.report.failure import RankFailure
 from smhvd.roles import hostenv
 from smhvd_dev.mltree import write_ml_tree
 
@@ -40,31 +47,187 @@ def test_merge_host_env_below_the_leaders_forwarded_values_and_own_host_values_o
     }
 
 
-def test_a_served_environment_reaches_a_client_and_nothing_is_served_after_the_block():
-    port = 40000 + os.getpid() % 20000
+def free_port() -> int:
+    return 20000 + (os.getpid() * 7 + threading.get_ident()) % 40000
+
+
+@pytest.fixture
+def port():
+    port = free_port()
+    yield port
+    path = hostenv.directory(port)
+    if path.exists() or path.is_symlink():
+        subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+SERVER = """
+import sys, time
+from smhvd.errors import HostEnvError
+from smhvd.report.failure import RankFailure
+from smhvd.roles import hostenv
+with hostenv.serving(int(sys.argv[1]), {"SM_CURRENT_HOST": "algo-2", "A": "1"}):
+    print("serving", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.fixture
+def server(port):
+    """A `train` stand-in in its own process (a rank checks the server's pid), serving this port."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "serving"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_served_environment_reaches_this_hosts_ranks_and_is_gone_after_the_block(port):
     env = {"A": "1", "MULTI": "line\nbreak", "UNICODE": "\u00e9"}
-    assert hostenv.fetch(port) is None
     with hostenv.serving(port, env):
+        path = hostenv.directory(port)
+        assert hostenv.private_dir_problem(path, os.geteuid()) is None  # 0700, ours
         assert hostenv.fetch(port) == env
         assert hostenv.fetch(port) == env  # every rank asks once
-    assert hostenv.fetch(port) is None
+    assert not path.exists()
+    with pytest.raises(HostEnvError, match=r"timed out after 0.3s waiting for this host's environment"):
+        hostenv.fetch(port, timeout=0.3)  # nobody serves: a rank fails, never runs with another's identity
 
 
-def test_a_garbled_answer_counts_as_none():
-    port = 40000 + (os.getpid() + 1) % 20000
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-        server.bind(hostenv.socket_name(port))
-        server.listen(1)
+def _fake_server(port: int, pid: int, answer: bytes) -> tuple[socket.socket, threading.Thread]:
+    path = hostenv.directory(port)
+    path.mkdir(mode=0o700)
+    (path / hostenv.PID_FILE).write_text(str(pid))
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path / hostenv.SOCKET))
+    server.listen(1)
 
-        def answer_garbage():
-            conn, _ = server.accept()
-            with conn:
-                conn.sendall(json.dumps({"A": 1}).encode())  # values must be strings
+    def reply():
+        conn, _ = server.accept()
+        with conn, contextlib.suppress(OSError):  # a refusing client may hang up first
+            conn.sendall(answer)
 
-        thread = threading.Thread(target=answer_garbage)
-        thread.start()
-        assert hostenv.fetch(port) is None
+    thread = threading.Thread(target=reply, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def test_a_garbled_answer_is_refused(port):
+    server, thread = _fake_server(port, os.getpid(), json.dumps({"A": 1}).encode())  # values must be strings
+    with server, pytest.raises(HostEnvError, match=r"answered something other than an environment"):
+        hostenv.fetch(port, timeout=2)
+    thread.join()
+
+
+def test_an_answer_from_another_process_than_the_train_is_refused(port):
+    """Same user, another pid than the one `train` wrote: not this job's train."""
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        server, thread = _fake_server(port, other.pid, b'{"PYTHONPATH": "/evil"}')
+        with (
+            server,
+            pytest.raises(
+                HostEnvError, match=rf"answered by pid {os.getpid()} .* not by its train \(pid {other.pid}"
+            ),
+        ):
+            hostenv.fetch(port, timeout=2)
         thread.join()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def _as_nobody(code: str) -> subprocess.CompletedProcess[str]:
+    """The system's Python as uid/gid 65534 (the venv's may live where that user cannot reach)."""
+    return subprocess.run(
+        ["/usr/bin/python3", "-c", code], user=65534, group=65534, capture_output=True, text=True,
+        check=False, cwd="/", env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_user_can_neither_read_nor_take_the_place(port, server):
+    path = hostenv.directory(port)
+    probe = _as_nobody(
+        "import socket\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        f"try:\n    s.connect({str(path / hostenv.SOCKET)!r})\n"
+        "except OSError as e:\n    print(type(e).__name__)\n"
+        "else:\n    print('connected', s.recv(100))\n"
+    )
+    assert probe.stdout.strip() == "PermissionError", probe.stdout + probe.stderr
+    assert hostenv.fetch(port)["SM_CURRENT_HOST"] == "algo-2"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+@pytest.mark.parametrize("how", ["other user", "group writable", "symlink"])
+def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, how):
+    """A squatter's directory (or a symlink to one): `train` refuses to serve there, a rank to trust it."""
+    path = hostenv.directory(port)
+    if how == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        path.mkdir(mode=0o700)
+        if how == "other user":
+            os.chown(path, 65534, 65534)
+        else:
+            path.chmod(0o770)
+    refused = pytest.raises(HostEnvError, match=r"cannot serve this host's environment to its ranks: ")
+    with refused, hostenv.serving(port, {"A": "1"}):
+        pass
+    with pytest.raises(HostEnvError, match=r"this host's environment is not trusted: "):
+        hostenv.fetch(port, timeout=2)
+
+
+def test_a_live_train_keeps_its_place_and_a_stale_one_is_taken_over(port, server):
+    with (
+        pytest.raises(HostEnvError, match=rf"is in use by pid {server.pid}"),
+        hostenv.serving(port, {"A": "2"}),
+    ):
+        pass
+    assert hostenv.fetch(port)["A"] == "1"  # the refused second one removed nothing
+    server.kill()  # gone without cleaning up: its directory and pid stay behind
+    server.wait()
+    with hostenv.serving(port, {"A": "3"}):
+        assert hostenv.fetch(port)["A"] == "3"
+
+
+def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
+    """SIGSTOP stands in for a loaded host: the queue fills, every fetch retries within its deadline."""
+    os.kill(server.pid, signal.SIGSTOP)
+    results: list[object] = []
+
+    def ask():
+        try:
+            results.append(hostenv.fetch(port, timeout=30)["SM_CURRENT_HOST"])
+        except HostEnvError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(100)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)  # the stopped host stays stopped for a second, as the issue measured
+    os.kill(server.pid, signal.SIGCONT)
+    for thread in threads:
+        thread.join(60)
+    assert results == ["algo-2"] * 100
+
+
+def test_a_rank_without_its_hosts_environment_fails_in_one_line(port):
+    env = {**os.environ, hostenv.SERVED: "1", "SMHVD_SSH_PORT": str(port), "SMHVD_HOSTENV_TIMEOUT": "0.5"}
+    env["OMPI_COMM_WORLD_RANK"] = "3"
+    proc = subprocess.run(
+        [sys.executable, "-m", "smhvd.rank", "--", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 69
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("smhvd.rank: timed out after 0.5s waiting for this host's environment")
+    failure = RankFailure.from_marker(lines[1])
+    assert failure is not None and failure.rank == 3 and failure.exit_code == 69
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from smhvd.rank import RANK_ARGV
 from smhvd.report import failure, summary
 from smhvd.report.failure import RankFailure
 from smhvd.report.stacks import StackDumper
+from smhvd.roles import hostenv
 from smhvd.roles.peers import WorkerLink, close_all, connect_all
 from smhvd.roles.sshd import render_ssh_config, ssh_port
 
@@ -54,9 +55,10 @@ def failure_reason(outcome: Outcome) -> str:
     named = [f for f in failures if verdict is not None and f.rank == verdict.rank]
     first: RankFailure | None = (named or failures)[0] if failures else None
     notice = outcome.output.abort_notice
-    if first is None and notice is not None:
+    if notice is not None:  # Open MPI's own reason comes first; a rank that failed of it is the evidence
         ended = " (mpirun hung after it; ended by the launcher)" if outcome.ended_hung_abort else ""
-        return failure.compose(f"MPI aborted the job: {notice}{ended}", outcome.output.tail_text())
+        evidence = f"{first.headline()}\n{first.stderr_tail}" if first else outcome.output.tail_text()
+        return failure.compose(f"MPI aborted the job: {notice}{ended}", evidence)
     first = first or parse_mpirun_verdict(outcome.output.tail_text())
     if first is not None:
         return failure.compose(first.headline(), first.stderr_tail or outcome.output.tail_text())
@@ -100,12 +102,13 @@ def run_leader(
 ) -> int:
     """Run the job from the leader; `started_at` (time.time() when `train` started) dates the summary."""
     started_at = time.time() if started_at is None else started_at
-    command, env = mpirun_rank_command(program, env)
+    host_env = dict(env)  # this host's ranks' own environment, served to them (roles/hostenv.py)
+    command, env = mpirun_rank_command(program, {**env, hostenv.SERVED: "1"})
     plan = plan_for(job, command, env, run_dir, code_dir)
     hosts = list(job.mpi_hosts) if job.mpi_multi_host else ["localhost"]
     plan.hostfile.write_text(render_hostfile(hosts, job.processes_per_host))
     links: list[WorkerLink] = []
-    with SignalWatch() as watch:
+    with SignalWatch() as watch, hostenv.serving(ssh_port(os.environ), host_env):
         if job.multi_host:
             port = ssh_port(os.environ)
             ssh_config = run_dir / "ssh_config"  # the links' and (several MPI hosts) orted's
