@@ -1,6 +1,9 @@
 """Reading py-spy dumps: where each rank is, and the one-line summary of a whole job."""
 
+import os
+
 from smhvd.mpi.output import StderrFilter
+from smhvd.report import stacks
 from smhvd.report.stacks import RankDump, parse_dumps, summary_line, where
 
 WAITING = """Process 31799: /opt/venv/bin/python train.py
@@ -57,3 +60,19 @@ def test_horovods_stall_warning_is_noticed():
         b"ranks for more than 60 seconds.\n"
     )
     assert output.stall_notice is not None and "waiting for remainder of ranks" in output.stall_notice
+
+
+def test_dump_file_names_stay_within_255_bytes_for_any_valid_host_name():
+    longest = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])  # 253 characters: a valid host name
+    assert len(longest) == 253
+    names = {stacks.dump_file_name(h, 7) for h in (longest, longest[:-1] + "e", "algo-2")}
+    assert len(names) == 3  # cut names keep a digest of the whole: two hosts never share a file
+    assert all(len(n.encode()) <= 255 and n.endswith("-rank7.txt") for n in names)
+    assert stacks.dump_file_name("algo-2", None) == "algo-2-rankunknown.txt"
+
+
+def test_a_dump_that_cannot_be_written_says_so_instead_of_failing(tmp_path):
+    blocked = tmp_path / "output"
+    blocked.write_text("a file where the stacks directory would go")
+    dump = stacks.dump_one(stacks.RankProcess(0, os.getpid()), "algo-1", blocked, "/bin/true")
+    assert dump.file.startswith("(not written: ")

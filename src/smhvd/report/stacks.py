@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import hashlib
 import json
 import logging
 import re
@@ -111,11 +112,24 @@ def dump_one(rank: RankProcess, host: str, out_dir: Path, py_spy: str) -> RankDu
         text = proc.stdout + (f"\n[py-spy exited {proc.returncode}] {proc.stderr}" if proc.returncode else "")
     except subprocess.TimeoutExpired:
         text = f"[py-spy dump took more than {DUMP_TIMEOUT:g}s]"
-    name = f"{host}-rank{'unknown' if rank.rank is None else rank.rank}.txt"
-    path = out_dir / "stacks" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path = out_dir / "stacks" / dump_file_name(host, rank.rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:  # a dump that cannot be kept must not end the job's stop: say so instead
+        return RankDump(rank.rank, host, where(text), f"(not written: {exc.strerror or exc})")
     return RankDump(rank.rank, host, where(text), str(path))
+
+
+def dump_file_name(host: str, rank: int | None) -> str:
+    """`<host>-rank<N>.txt`, within a file name's 255 bytes whatever the host name (a valid one has up to 253
+    characters): a long one is cut and keeps a digest of the whole, so that two hosts never share a file."""
+    suffix = f"-rank{'unknown' if rank is None else rank}.txt"
+    safe = host.replace("/", "_")
+    if len(safe.encode()) + len(suffix) > 200:
+        digest = hashlib.sha256(host.encode()).hexdigest()[:12]
+        safe = safe.encode()[:120].decode(errors="ignore") + "-" + digest
+    return safe + suffix
 
 
 def dump_host(host: str, out_dir: Path, ranks: Sequence[RankProcess] | None = None) -> list[RankDump]:

@@ -191,8 +191,13 @@ class LinkWaiter:
 
 
 def dump_here(host: str, output_data_dir: Path, reason: str) -> None:
-    """This host's ranks' stacks to output/data/stacks (the leader dumps every host's on its own triggers)."""
-    line = stacks.summary_line(stacks.dump_host(host, output_data_dir), reason)
+    """This host's ranks' stacks to output/data/stacks (the leader dumps every host's on its own triggers).
+    Diagnostics only: whatever goes wrong here is logged, and the worker goes on to stop its ranks."""
+    try:
+        line = stacks.summary_line(stacks.dump_host(host, output_data_dir), reason)
+    except Exception as exc:
+        log.warning("stack dump (%s) failed: %s", reason, exc)
+        return
     log.warning("%s (files in %s)", line, output_data_dir / "stacks")
 
 
