@@ -22,6 +22,7 @@ from smhvd.proc.processes import become_subreaper, kill_descendants
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.stopping import StopRequested
 from smhvd.proc.supervisor import supervise
+from smhvd.rank import OUTPUT_CHANNEL, TAG_OUTPUT
 from smhvd.roles.leader import conclude, rank_command, run_leader
 from smhvd.roles.worker import run_worker
 from smhvd.sourcecode import (
@@ -47,6 +48,10 @@ def rank_env(job: Job, base: Mapping[str, str], sm_env: Mapping[str, str]) -> di
     env.update(sm_env)
     env.update(job.options.horovod.env(job.paths.output_data_dir))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env[TAG_OUTPUT] = "1" if job.options.launcher.tag_output else "0"
+    env[OUTPUT_CHANNEL] = (
+        "stderr"  # the supervisor takes the ranks' output from mpirun's stderr, line by line
+    )
     pph = job.processes_per_host
     if job.options.mpi.enabled and pph > 1:
         # Several ranks share this host's cores: one slice each instead of every rank spawning a thread per

@@ -4,8 +4,10 @@ argv in SMHVD_RANK_ARGV (so that no user value is ever parsed by mpirun); starte
 - Takes this host's own environment from its `train` (roles/hostenv.py): the container's variables and its own
   SM_* values (mpirun forwards the leader's), so each rank sees its own SM_CURRENT_HOST and what SageMaker
   set in its container. Without it the rank does not start (exit 69, one line naming why).
-- Streams the program's stderr through unchanged and keeps its tail; when the program fails, prints one
-  marker line (failure.MARKER + JSON) that the leader picks out of mpirun's output as the root cause.
+- Passes the program's stdout and stderr on in whole lines, each tagged with its rank and host unless
+  launcher_tag_output is false (proc/lines.py), and keeps the tail of its stderr; when the program fails,
+  prints one marker line (failure.MARKER + JSON) that the leader picks out of mpirun's output as the root
+  cause.
 - Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP to the program. A stop request (SIGTERM or SIGINT) that
   ends the program counts as a clean exit, so mpirun does not kill the other ranks while they checkpoint.
 - The program dies with the wrapper (PR_SET_PDEATHSIG): nothing outlives a killed rank. The rank ends when
@@ -27,6 +29,8 @@ from collections import deque
 from collections.abc import Iterator, Mapping, MutableMapping
 
 from smhvd.errors import EX_UNAVAILABLE, LauncherError
+from smhvd.mpi.output import STDOUT_MARK
+from smhvd.proc.lines import LineWriter, tag, write_paced
 from smhvd.proc.processes import become_subreaper, drain_pipe, kill_descendants, rank_program_preexec
 from smhvd.report.failure import RankFailure
 from smhvd.report.summary import RankStart
@@ -38,6 +42,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 TAIL_BYTES = 8192
 # The program's argv under mpirun (JSON, from roles/leader.mpirun_rank_command), never on its command line.
 RANK_ARGV = "SMHVD_RANK_ARGV"
+# "0": the program's lines are passed on whole but untagged (launcher_tag_output).
+TAG_OUTPUT = "SMHVD_TAG_OUTPUT"
+# "stderr": the launcher's supervisor demultiplexes the wrapper's stderr (proc/lines.py).
+OUTPUT_CHANNEL = "SMHVD_RANK_OUTPUT"
 
 
 def local_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -45,9 +53,9 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
     host's own `train` serves (its container's variables and its own SM_* values; see roles/hostenv.py).
     Started directly (not by mpirun under `train`): the environment as it is. HostEnvError when the host's
     environment cannot be had: a rank never runs with another host's identity."""
-    if env.get(hostenv.SERVED) != "1":
+    if not env.get(hostenv.SERVED):
         return dict(env)
-    return hostenv.merge(env, hostenv.fetch(ssh_port(env)))
+    return hostenv.merge(env, hostenv.fetch(hostenv.rank_directory(env, ssh_port(env))))
 
 
 def _identity(env: Mapping[str, str]) -> tuple[int | None, str | None]:
@@ -55,28 +63,36 @@ def _identity(env: Mapping[str, str]) -> tuple[int | None, str | None]:
     return (int(rank) if rank and rank.isdigit() else None), env.get("SM_CURRENT_HOST")
 
 
-def stderr_until_exit(proc: subprocess.Popen[bytes]) -> Iterator[bytes]:
-    """The program's stderr as it comes, until the program exits (not until every copy of the pipe closes: a
-    child it left running may hold it forever); then what is already in the pipe, bounded."""
+def output_until_exit(proc: subprocess.Popen[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(fd, chunk) of the program's stdout and stderr as they come, until the program exits (not until every
+    copy of the pipes closes: a child it left running may hold them forever); then what is already in the
+    pipes, bounded."""
+    assert proc.stdout is not None
     assert proc.stderr is not None
-    fd = proc.stderr.fileno()
+    fds = {proc.stdout.fileno(), proc.stderr.fileno()}
     exited = os.pidfd_open(proc.pid)
     try:
         with selectors.DefaultSelector() as sel:
-            sel.register(fd, selectors.EVENT_READ)
+            for fd in fds:
+                sel.register(fd, selectors.EVENT_READ)
             sel.register(exited, selectors.EVENT_READ)
-            while True:
+            while fds:
                 ready = {key.fd for key, _ in sel.select()}
-                if fd in ready:
+                readable = ready & fds
+                for fd in sorted(readable):
                     chunk = os.read(fd, 65536)
-                    if not chunk:
-                        return
-                    yield chunk
-                elif exited in ready:
+                    if chunk:
+                        yield fd, chunk
+                    else:
+                        sel.unregister(fd)
+                        fds.discard(fd)
+                if not readable and exited in ready:
                     break
     finally:
         os.close(exited)
-    yield from drain_pipe(fd)
+    for fd in sorted(fds):
+        for chunk in drain_pipe(fd):
+            yield fd, chunk
 
 
 def unavailable(exc: LauncherError) -> int:
@@ -97,7 +113,13 @@ def run(program: list[str]) -> int:
     except LauncherError as exc:
         return unavailable(exc)
     stop_requested = False
-    proc = subprocess.Popen(program, env=env, stderr=subprocess.PIPE, preexec_fn=rank_program_preexec)  # noqa: PLW1509
+    proc = subprocess.Popen(
+        program,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=rank_program_preexec,  # noqa: PLW1509
+    )
     os.write(2, RankStart(*_identity(env), at=time.time()).to_marker().encode())  # for the job summary
 
     def forward(signum: int, _frame: object) -> None:
@@ -110,17 +132,34 @@ def run(program: list[str]) -> int:
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, forward)
 
+    tagged = env.get(TAG_OUTPUT, "1") != "0"
+    rank, host = _identity(env)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    # Under the launcher's supervisor, both streams go through stderr (a pipe it can pace), stdout's lines
+    # marked (proc/lines.py); run by hand, each goes where it came from.
+    merged = env.get(OUTPUT_CHANNEL) == "stderr"
+    out_fd, out_mark = (2, STDOUT_MARK) if merged else (1, b"")
+    writers = {
+        proc.stdout.fileno(): LineWriter(
+            lambda b: write_paced(out_fd, out_mark + b), tag(rank, host, "stdout") if tagged else b""
+        ),
+        proc.stderr.fileno(): LineWriter(
+            lambda b: write_paced(2, b), tag(rank, host, "stderr") if tagged else b""
+        ),
+    }
     tail: deque[bytes] = deque()
     size = 0
-    last = b"\n"
-    assert proc.stderr is not None
-    for chunk in stderr_until_exit(proc):
-        os.write(2, chunk)
-        last = chunk[-1:]
+    for fd, chunk in output_until_exit(proc):
+        writers[fd].feed(chunk)
+        if fd != proc.stderr.fileno():
+            continue
         tail.append(chunk)
         size += len(chunk)
         while size > TAIL_BYTES and len(tail) > 1:
             size -= len(tail.popleft())
+    for writer in writers.values():
+        writer.flush()
     code = proc.wait()
     # The job's end is the program's exit: what it left running (a child holding its stdout or stderr, which
     # mpirun would wait for) is killed now. This wrapper is their subreaper, so daemons are found too.
@@ -128,7 +167,6 @@ def run(program: list[str]) -> int:
 
     if code == 0 or (stop_requested and -code in STOP_SIGNALS):
         return 0
-    rank, host = _identity(env)
     failure = RankFailure(
         rank=rank,
         host=host,
@@ -136,7 +174,7 @@ def run(program: list[str]) -> int:
         signal=-code if code < 0 else None,
         stderr_tail=b"".join(tail).decode(errors="replace")[-TAIL_BYTES:],
     )
-    os.write(2, (b"" if last == b"\n" else b"\n") + failure.to_marker().encode())
+    os.write(2, failure.to_marker().encode())
     if code < 0:  # die the same way, so mpirun reports the signal
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(-code, signal.SIG_DFL)

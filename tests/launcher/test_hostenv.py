@@ -65,7 +65,7 @@ import sys, time
 from smhvd.errors import HostEnvError
 from smhvd.report.failure import RankFailure
 from smhvd.roles import hostenv
-with hostenv.serving(int(sys.argv[1]), {"SM_CURRENT_HOST": "algo-2", "A": "1"}):
+with hostenv.serving(hostenv.directory(int(sys.argv[1])), {"SM_CURRENT_HOST": "algo-2", "A": "1"}):
     print("serving", flush=True)
     time.sleep(120)
 """
@@ -83,14 +83,16 @@ def server(port):
 
 def test_a_served_environment_reaches_this_hosts_ranks_and_is_gone_after_the_block(port):
     env = {"A": "1", "MULTI": "line\nbreak", "UNICODE": "\u00e9"}
-    with hostenv.serving(port, env):
+    with hostenv.serving(hostenv.directory(port), env):
         path = hostenv.directory(port)
         assert hostenv.private_dir_problem(path, os.geteuid()) is None  # 0700, ours
-        assert hostenv.fetch(port) == env
-        assert hostenv.fetch(port) == env  # every rank asks once
+        assert hostenv.fetch(hostenv.directory(port)) == env
+        assert hostenv.fetch(hostenv.directory(port)) == env  # every rank asks once
     assert not path.exists()
     with pytest.raises(HostEnvError, match=r"timed out after 0.3s waiting for this host's environment"):
-        hostenv.fetch(port, timeout=0.3)  # nobody serves: a rank fails, never runs with another's identity
+        hostenv.fetch(
+            hostenv.directory(port), timeout=0.3
+        )  # nobody serves: a rank fails, never runs with another's identity
 
 
 def _fake_server(port: int, pid: int, answer: bytes) -> tuple[socket.socket, threading.Thread]:
@@ -114,7 +116,7 @@ def _fake_server(port: int, pid: int, answer: bytes) -> tuple[socket.socket, thr
 def test_a_garbled_answer_is_refused(port):
     server, thread = _fake_server(port, os.getpid(), json.dumps({"A": 1}).encode())  # values must be strings
     with server, pytest.raises(HostEnvError, match=r"answered something other than an environment"):
-        hostenv.fetch(port, timeout=2)
+        hostenv.fetch(hostenv.directory(port), timeout=2)
     thread.join()
 
 
@@ -129,7 +131,7 @@ def test_an_answer_from_another_process_than_the_train_is_refused(port):
                 HostEnvError, match=rf"answered by pid {os.getpid()} .* not by its train \(pid {other.pid}"
             ),
         ):
-            hostenv.fetch(port, timeout=2)
+            hostenv.fetch(hostenv.directory(port), timeout=2)
         thread.join()
     finally:
         other.kill()
@@ -155,7 +157,7 @@ def test_another_user_can_neither_read_nor_take_the_place(port, server):
         "else:\n    print('connected', s.recv(100))\n"
     )
     assert probe.stdout.strip() == "PermissionError", probe.stdout + probe.stderr
-    assert hostenv.fetch(port)["SM_CURRENT_HOST"] == "algo-2"
+    assert hostenv.fetch(hostenv.directory(port))["SM_CURRENT_HOST"] == "algo-2"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
@@ -173,23 +175,23 @@ def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, ho
         else:
             path.chmod(0o770)
     refused = pytest.raises(HostEnvError, match=r"cannot serve this host's environment to its ranks: ")
-    with refused, hostenv.serving(port, {"A": "1"}):
+    with refused, hostenv.serving(hostenv.directory(port), {"A": "1"}):
         pass
     with pytest.raises(HostEnvError, match=r"this host's environment is not trusted: "):
-        hostenv.fetch(port, timeout=2)
+        hostenv.fetch(hostenv.directory(port), timeout=2)
 
 
 def test_a_live_train_keeps_its_place_and_a_stale_one_is_taken_over(port, server):
     with (
         pytest.raises(HostEnvError, match=rf"is in use by pid {server.pid}"),
-        hostenv.serving(port, {"A": "2"}),
+        hostenv.serving(hostenv.directory(port), {"A": "2"}),
     ):
         pass
-    assert hostenv.fetch(port)["A"] == "1"  # the refused second one removed nothing
+    assert hostenv.fetch(hostenv.directory(port))["A"] == "1"  # the refused second one removed nothing
     server.kill()  # gone without cleaning up: its directory and pid stay behind
     server.wait()
-    with hostenv.serving(port, {"A": "3"}):
-        assert hostenv.fetch(port)["A"] == "3"
+    with hostenv.serving(hostenv.directory(port), {"A": "3"}):
+        assert hostenv.fetch(hostenv.directory(port))["A"] == "3"
 
 
 def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
@@ -199,7 +201,7 @@ def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
 
     def ask():
         try:
-            results.append(hostenv.fetch(port, timeout=30)["SM_CURRENT_HOST"])
+            results.append(hostenv.fetch(hostenv.directory(port), timeout=30)["SM_CURRENT_HOST"])
         except HostEnvError as exc:
             results.append(exc)
 
@@ -211,6 +213,17 @@ def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
     for thread in threads:
         thread.join(60)
     assert results == ["algo-2"] * 100
+
+
+def test_a_rank_on_the_leaders_host_asks_the_leaders_directory_elsewhere_its_workers(port, tmp_path):
+    with hostenv.serving(hostenv.leader_directory(), {"SM_CURRENT_HOST": "algo-1"}):
+        leaders = next(hostenv.directory(0).parent.glob(f"smhvd-hostenv-{os.geteuid()}-job-*"))
+        assert hostenv.rank_directory({hostenv.SERVED: str(leaders)}, port) == leaders
+        assert hostenv.fetch(leaders)["SM_CURRENT_HOST"] == "algo-1"
+    gone = {hostenv.SERVED: str(leaders)}  # on a worker's host the leader's directory does not exist
+    assert hostenv.rank_directory(gone, port) == hostenv.directory(port)
+    elsewhere = {hostenv.SERVED: str(tmp_path)}  # only a directory where the leader makes them counts
+    assert hostenv.rank_directory(elsewhere, port) == hostenv.directory(port)
 
 
 def test_a_rank_without_its_hosts_environment_fails_in_one_line(port):

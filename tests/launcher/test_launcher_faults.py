@@ -99,6 +99,10 @@ def test_job_succeeds_with_ranks_on_both_hosts_each_seeing_its_own_host(launch: 
         "algo-1": [("algo-1", "algo-1")],
         "algo-2": [("algo-2", "algo-2")],
     }
+    # every rank's lines reach the leader's log whole, tagged with its rank and host
+    leader_log = log_of(processes, "algo-1")
+    assert "[0,algo-1]<stdout>: rank 0 running on algo-1\n" in leader_log
+    assert "[1,algo-2]<stdout>: rank 1 running on algo-2\n" in leader_log
     # the worker ends with the job: well within a second or two of the leader
     assert processes["algo-2"].ended is not None
     assert processes["algo-1"].ended is not None

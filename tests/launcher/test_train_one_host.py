@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import textwrap
@@ -278,3 +279,39 @@ def test_sigterm_reaches_every_rank_which_can_checkpoint(train_job):
         "the job was stopped",
     ], stops
     assert proc.pid not in read_process_table()
+
+
+PIECES = """
+    import os, sys
+    rank = os.environ["OMPI_COMM_WORLD_RANK"]
+    for i in range(300):
+        sys.stdout.write(f"probe rank {rank} line {i} " + "x" * 200)  # text and newline written apart,
+        sys.stdout.flush()
+        sys.stdout.write("\\n")  # as an unbuffered print() does
+        sys.stdout.flush()
+    sys.stderr.write(f"err rank {rank}")  # no newline at the end
+"""
+
+
+@pytest.mark.parametrize("tagged", [True, False])
+def test_every_line_a_rank_prints_reaches_the_log_whole_and_tagged(train_job, tagged):
+    """4 ranks writing 300 lines each as fast as they can, each line in two pieces: every line arrives whole,
+    on stdout, tagged with its rank and host (or untagged, as asked); stderr lines too."""
+    hps: dict[str, object] = {"sagemaker_mpi_num_of_processes_per_host": 4}
+    if not tagged:
+        hps["launcher_tag_output"] = False
+    result = train_job(PIECES, hps).run()
+    assert result.returncode == 0, result.stderr[-2000:]
+    prefix = r"\[(\d),algo-1\]<stdout>: " if tagged else ""
+    lines = [line for line in result.stdout.splitlines() if "probe rank" in line]
+    pattern = re.compile(prefix + r"probe rank (\d) line (\d+) x{200}")
+    matches = [pattern.fullmatch(line) for line in lines]
+    assert all(matches), [line[:80] for line, m in zip(lines, matches, strict=True) if not m][:3]
+    per_rank = {
+        r: sorted(int(m.group(m.lastindex or 0)) for m in matches if m and m.group(1 + tagged) == str(r))
+        for r in range(4)
+    }
+    assert per_rank == {r: list(range(300)) for r in range(4)}
+    for rank in range(4):
+        expected = f"[{rank},algo-1]<stderr>: err rank {rank}" if tagged else f"err rank {rank}"
+        assert expected in result.stderr.splitlines()

@@ -82,6 +82,7 @@ class LauncherOwnOptions:
     forward_env: tuple[str, ...] = ()  # extra variable names (or PREFIX*) forwarded to ranks
     forward_aws_credentials: bool = False
     hang_dump_seconds: float | None = None  # stack dumps of every rank after this long without any output
+    tag_output: bool = True  # each line a rank prints tagged [RANK,HOST]<stdout>: (proc/lines.py)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ LAUNCHER_KEYS = {
     "launcher_forward_aws_credentials",
     "launcher_drop_mpi_defaults",
     "launcher_hang_dump_seconds",
+    "launcher_tag_output",
 }
 _HOROVOD_LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
@@ -273,6 +275,7 @@ def parse_launcher_options(reserved: Mapping[str, object]) -> LauncherOptions:
             hang_dump_seconds=_number(
                 reserved, "launcher_hang_dump_seconds", minimum=1, maximum=MAX_SECONDS, integer=False
             ),
+            tag_output=_bool(reserved, "launcher_tag_output", True),
         ),
         program=ProgramOptions(
             program=_str(reserved, "sagemaker_program"),

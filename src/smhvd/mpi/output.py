@@ -19,7 +19,9 @@ from smhvd.report.summary import START_MARKER, RankStart
 
 _MARK = MARKER.encode()
 _START = START_MARKER.encode()
-_MARKS = (_MARK, _START)
+# First byte of a line a rank's program wrote to its stdout, on the rank wrapper's stderr (proc/lines.py).
+STDOUT_MARK = b"\x1d"
+_MARKS = (_MARK, _START, STDOUT_MARK)
 _NOTICED = re.compile(
     r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on signal (?P<signal>\d+)"
 )
@@ -62,6 +64,7 @@ class StderrFilter:
         self.stall_notice: str | None = None  # Horovod's stall warning (ranks waiting for others)
         self._block: list[str] = []  # lines of the current Open MPI message (between rules of dashes)
         self._partial = b""  # the shown output's last, unfinished line
+        self._stdout = bytearray()  # the ranks' stdout lines found since take_stdout()
 
     def feed(self, data: bytes) -> bytes:
         buf = self._pending + data
@@ -87,6 +90,9 @@ class StderrFilter:
                 if start is not None:
                     self.starts.append(start)
                     continue
+            if not self._mid_line and line.startswith(STDOUT_MARK):
+                self._stdout += line[len(STDOUT_MARK) :]  # a rank's stdout line (proc/lines.py): to stdout
+                continue
             shown += line
             self._mid_line = False
         self._scan(bytes(shown))
@@ -112,6 +118,11 @@ class StderrFilter:
         text = " ".join(" ".join(block).split())
         if self.abort_notice is None and any(sign in text for sign in ABORT_SIGNS):
             self.abort_notice = first_sentence(block)
+
+    def take_stdout(self) -> bytes:
+        """The ranks' stdout lines that came with the stderr fed so far (their marks taken off)."""
+        out, self._stdout = bytes(self._stdout), bytearray()
+        return out
 
     def flush(self) -> bytes:
         rest, self._pending = self._pending, b""

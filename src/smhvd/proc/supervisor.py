@@ -25,6 +25,7 @@ from pathlib import Path
 from smhvd import link
 from smhvd.errors import EX_MPI_ABORT
 from smhvd.mpi.output import StderrFilter
+from smhvd.proc.lines import write_all
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_rank_wrapper, signal_pids
 from smhvd.proc.signals import SignalWatch
 
@@ -115,7 +116,7 @@ def supervise(
                         if not data:
                             open_stream = False
                             break
-                        os.write(2, output.feed(data))
+                        _show(output, output.feed(data))
                         dumps.heard()
                     elif key.fd == exited:
                         # The job ends when the command does, not when every copy of its stderr closes (a
@@ -125,7 +126,7 @@ def supervise(
                         break
                     else:
                         stopped = _on_signals(watch, stopped, keep_pids, dumps, on_stop)
-        os.write(2, output.flush())
+        _show(output, output.flush())
         code = proc.wait()
         remove_session_dir(proc.pid, env)
     finally:
@@ -157,10 +158,16 @@ def _on_signals(
     return stopped
 
 
+def _show(output: StderrFilter, shown: bytes) -> None:
+    """What mpirun's stderr shows: the ranks' stdout lines to stdout, the rest to stderr."""
+    write_all(1, output.take_stdout())
+    write_all(2, shown)
+
+
 def _drain(fd: int, output: StderrFilter) -> None:
     """Pass on what is already in the pipe (bounded: a leftover process may keep writing)."""
     for data in drain_pipe(fd):
-        os.write(2, output.feed(data))
+        _show(output, output.feed(data))
 
 
 def session_dirs(pid: int, env: Mapping[str, str]) -> list[Path]:

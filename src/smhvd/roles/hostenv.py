@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import socket
 import stat
 import struct
@@ -39,7 +40,8 @@ from smhvd.errors import HostEnvError
 from smhvd.proc.processes import is_alive
 from smhvd.proc.waiting import NotYet, wait_until
 
-SERVED = "SMHVD_HOSTENV"  # "1" in every rank's environment when each host's `train` serves one
+# In every rank's environment when each host's `train` serves one: the leader's directory (see directory()).
+SERVED = "SMHVD_HOSTENV"
 FETCH_TIMEOUT = 60.0
 BACKLOG = 4096  # every rank of a large host may ask at the same moment (the kernel caps it at somaxconn)
 _MAX_BYTES = 64 * 1024 * 1024
@@ -47,10 +49,28 @@ SOCKET = "env.sock"
 PID_FILE = "train.pid"
 
 
-def directory(port: int, uid: int | None = None) -> Path:
-    """Where `train` of this user serves the environment of the job on `port`."""
+def directory(name: str | int, uid: int | None = None) -> Path:
+    """Where `train` of this user serves its host's environment: a worker under its port's name (it owns the
+    port on its host), the leader under a name of its own for the job (several single-host jobs may share a
+    machine), which it gives its ranks in SERVED."""
     uid = os.geteuid() if uid is None else uid
-    return (Path("/run") if uid == 0 else Path("/tmp")) / f"smhvd-hostenv-{uid}-{port}"
+    return (Path("/run") if uid == 0 else Path("/tmp")) / f"smhvd-hostenv-{uid}-{name}"
+
+
+def leader_directory() -> Path:
+    return directory(f"job-{secrets.token_hex(8)}")
+
+
+def rank_directory(env: Mapping[str, str], port: int) -> Path:
+    """The directory a rank asks: the leader's, when the rank runs on the leader's host (it exists there and
+    nowhere else: its name is random), else its worker's, named after the port."""
+    given = env.get(SERVED, "")
+    leaders = Path(given)
+    if given and leaders.parent == directory(0).parent and leaders.name.startswith(directory("job-").name):
+        with contextlib.suppress(OSError):
+            if leaders.is_dir() or leaders.is_symlink():
+                return leaders
+    return directory(port)
 
 
 def merge(received: Mapping[str, str], served: Mapping[str, str]) -> dict[str, str]:
@@ -87,7 +107,7 @@ def read_pid(path: Path) -> int | None:
     return int(text) if text.strip().isdigit() and len(text) < 16 else None
 
 
-def _claim(path: Path, port: int) -> None:
+def _claim(path: Path) -> None:
     """Create the private directory, or take over one left by a `train` that is gone."""
     uid = os.geteuid()
     try:
@@ -101,19 +121,16 @@ def _claim(path: Path, port: int) -> None:
         raise HostEnvError(f"cannot serve this host's environment to its ranks: {problem}")
     pid = read_pid(path / PID_FILE)
     if pid is not None and pid != os.getpid() and is_alive(pid):
-        raise HostEnvError(
-            f"cannot serve this host's environment: {path} is in use by pid {pid} (port {port})"[:300]
-        )
+        raise HostEnvError(f"cannot serve this host's environment: {path} is in use by pid {pid}"[:300])
     for name in (SOCKET, PID_FILE):
         (path / name).unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
-def serving(port: int, env: Mapping[str, str]) -> Iterator[None]:
-    """Answer this user's processes with `env` as JSON while the block runs."""
+def serving(path: Path, env: Mapping[str, str]) -> Iterator[None]:
+    """Answer this user's processes with `env` as JSON from the directory `path` while the block runs."""
     payload = json.dumps(dict(env)).encode()
-    path = directory(port)
-    _claim(path, port)
+    _claim(path)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stop = threading.Event()
     thread = None
@@ -204,13 +221,12 @@ def fetch_once(path: Path, timeout: float) -> dict[str, str]:
     return env
 
 
-def fetch(port: int, timeout: float | None = None) -> dict[str, str]:
-    """This host's environment from its `train`, retried until `timeout` (default: SMHVD_HOSTENV_TIMEOUT, else
-    FETCH_TIMEOUT seconds); HostEnvError if it cannot be had."""
+def fetch(path: Path, timeout: float | None = None) -> dict[str, str]:
+    """This host's environment from its `train` serving in `path`, retried until `timeout` (default:
+    SMHVD_HOSTENV_TIMEOUT, else FETCH_TIMEOUT seconds); HostEnvError if it cannot be had."""
     if timeout is None:
         raw = os.environ.get("SMHVD_HOSTENV_TIMEOUT", "")
         timeout = float(raw) if raw.replace(".", "", 1).isdigit() else FETCH_TIMEOUT
-    path = directory(port)
     return wait_until(
         lambda: fetch_once(path, min(timeout, 5.0)),
         what=f"this host's environment from its train ({path / SOCKET})",

@@ -103,12 +103,13 @@ def run_leader(
     """Run the job from the leader; `started_at` (time.time() when `train` started) dates the summary."""
     started_at = time.time() if started_at is None else started_at
     host_env = dict(env)  # this host's ranks' own environment, served to them (roles/hostenv.py)
-    command, env = mpirun_rank_command(program, {**env, hostenv.SERVED: "1"})
+    served_from = hostenv.leader_directory()
+    command, env = mpirun_rank_command(program, {**env, hostenv.SERVED: str(served_from)})
     plan = plan_for(job, command, env, run_dir, code_dir)
     hosts = list(job.mpi_hosts) if job.mpi_multi_host else ["localhost"]
     plan.hostfile.write_text(render_hostfile(hosts, job.processes_per_host))
     links: list[WorkerLink] = []
-    with SignalWatch() as watch, hostenv.serving(ssh_port(os.environ), host_env):
+    with SignalWatch() as watch, hostenv.serving(served_from, host_env):
         if job.multi_host:
             port = ssh_port(os.environ)
             ssh_config = run_dir / "ssh_config"  # the links' and (several MPI hosts) orted's

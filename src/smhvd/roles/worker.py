@@ -251,7 +251,7 @@ def run_worker(
     host = job.resources.current_host
     with SignalWatch() as watch, contextlib.ExitStack() as stack:
         server = listen(port)
-        stack.enter_context(hostenv.serving(port, rank_env))
+        stack.enter_context(hostenv.serving(hostenv.directory(port), rank_env))
         sshd = start_sshd(run_dir, port)
         script = OutsideScript(outside[0], rank_env, outside[1], host) if outside else None
         log.info(
