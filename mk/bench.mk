@@ -6,3 +6,11 @@ BENCH_PEERS_ARGS ?=
 
 bench-peers: setup ## ours vs horovodrun (MPI, --gloo) vs the sagemaker-training toolkit, 2 simulated hosts (~12 min)
 	$(PY) benchmarks/peers_side_by_side.py $(BENCH_PEERS_ARGS)
+
+# How the launchers' start and exit grow with the cluster: 2..32 simulated hosts, 1 rank each (root).
+#   make bench-scale BENCH_SCALE_ARGS='--hosts 2,4,8 --repeats 1 --script mpi4py'   # a quick look
+.PHONY: bench-scale
+BENCH_SCALE_ARGS ?=
+
+bench-scale: setup ## ours vs horovodrun vs the toolkit at 2, 4, 8, 16, 32 simulated hosts: start, end, crash (~1 h)
+	cd benchmarks && $(PY) scale_launchers.py $(BENCH_SCALE_ARGS)
