@@ -15,8 +15,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def tables() -> list[set[int]]:
     """The exit codes of each table in README's "Failures and exit codes" section, in order."""
     text = README.read_text()
-    section = text[text.index("### Failures and exit codes") :]
-    section = section[: section.index("\n## ")]
+    section = text[text.index("## Failures and exit codes") :]
+    section = section[: section.index("\n## ", 3)]
     found: list[set[int]] = []
     for block in re.split(r"\n\n+", section):
         if block.startswith("| exit code | meaning |"):

@@ -1,0 +1,87 @@
+"""README.md and docs/ name only what exists: every relative link, repository path, `make` target and Python
+module they mention is checked here, so that a rename cannot leave a page stale."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+TOP = ("src", "dev", "docs", "bin", "docker", "examples", "tests", "benchmarks", "requirements", "mk", ".ci")
+PATH = re.compile(rf"^(?:{'|'.join(re.escape(t) for t in TOP)})/[\w./-]*$")
+MODULE = re.compile(r"^(?:smhvd|smhvd_stage|smhvd_sim|smhvd_dev)(?:\.\w+)*$")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CODE = re.compile(r"`([^`\n]+)`")
+MAKE = re.compile(r"\bmake ([a-z][\w-]*[a-z0-9])(?![\w*-])")
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def resolves(dotted: str) -> bool:
+    """A module, or a module's top-level function, class or name (read from its source, not imported)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            spec = importlib.util.find_spec(".".join(parts[:i]))
+        except (ImportError, AttributeError, ValueError):
+            continue
+        if spec is None:
+            continue
+        rest = parts[i:]
+        if not rest:
+            return True
+        if len(rest) == 1 and spec.origin and Path(spec.origin).is_file():
+            source = Path(spec.origin).read_text()
+            return bool(re.search(rf"^(?:def|class) {rest[0]}\b|^{rest[0]}\s*[:=]", source, re.MULTILINE))
+        return False
+    return False
+
+
+def make_targets() -> set[str]:
+    text = "\n".join(p.read_text() for p in [REPO / "Makefile", *sorted((REPO / "mk").glob("*.mk"))])
+    return {m.group(1) for m in re.finditer(r"^([a-zA-Z0-9_-]+):", text, re.MULTILINE)}
+
+
+def mentioned_paths(text: str) -> set[str]:
+    found = set()
+    for span in CODE.findall(text):
+        for raw in re.split(r"[\s,()]+", span):
+            token = raw.rstrip(":.;")
+            if PATH.match(token) and not re.search(r"[*<>]|\.\.\.", token):
+                found.add(token.split("#")[0])
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_link_path_target_and_module_named_exists(page: Path) -> None:
+    text = page.read_text()
+    problems = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            continue
+        if not (page.parent / target.split("#")[0]).exists():
+            problems.append(f"link {target}")
+    for path in sorted(mentioned_paths(text)):
+        if not (REPO / path).exists():
+            problems.append(f"path {path}")
+    targets = make_targets()
+    code = "\n".join(CODE.findall(text) + FENCE.findall(text))  # commands, not prose ("make one ...")
+    for target in sorted(set(MAKE.findall(code))):
+        if target not in targets:
+            problems.append(f"make {target}")
+    for span in CODE.findall(text):
+        for token in re.findall(r"(?:python -m )?([\w.]+)", span):
+            if MODULE.match(token) and not resolves(token):
+                problems.append(f"module {token}")
+    assert problems == [], f"{page.relative_to(REPO)} names what does not exist: {problems}"
+
+
+def test_the_readme_is_a_users_page() -> None:
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 360
+    assert "## Contents" in text
+    for page in (REPO / "docs").glob("*.md"):
+        assert f"docs/{page.name}" in text, f"docs/{page.name} is not linked from the README"
