@@ -16,9 +16,6 @@ from smhvd.config.instance_groups import Placement, group_env
 from smhvd.config.job import Job
 from smhvd.config.sagemaker_files import ResourceConfig
 
-_LOG_LEVEL_NAMES = {10: "DEBUG", 20: "INFO", 30: "WARNING", 40: "ERROR", 50: "CRITICAL"}
-
-
 # The variables host_env sets: per host, never taken from the leader.
 HOST_KEYS = frozenset(
     {
@@ -124,7 +121,3 @@ def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) ->
     env.update(group_env(job.resources, job.placement or Placement(job.resources.hosts, None, ())))
     env.update(host_env(job.resources, job.raw_resources, job.hardware.cpus, job.hardware.gpus, summary))
     return env
-
-
-def log_level_name(level: int | None) -> str:
-    return _LOG_LEVEL_NAMES.get(level or 20, "INFO")

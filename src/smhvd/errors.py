@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-EX_OK = 0
 EX_USAGE = 64  # bad command line
 EX_NOINPUT = 66  # training code could not be fetched
 EX_UNAVAILABLE = 69  # a peer host never came up, or the leader was lost mid-job
@@ -16,6 +15,7 @@ EX_MPI_ABORT = 76  # Open MPI announced an abort (e.g. ranks cannot reach each o
 EX_SOFTWARE = 70  # internal error, or the code's requirements.txt failed to install
 EX_CONFIG = 78  # malformed or inconsistent /opt/ml configuration
 EX_CANTCREAT = 73  # this host's environment for its ranks could not be served (its directory is taken)
+EX_NOT_STARTED = 127  # a rank's program could not be started (not found, not executable)
 EX_STOPPED = 128 + 15  # stopped by SIGTERM (how SageMaker stops a job)
 
 

@@ -18,11 +18,10 @@ from smhvd.config.paths import SageMakerPaths
 from smhvd.environment import training_env
 from smhvd.mpi import efa
 from smhvd.mpi.command import AWS_CREDENTIAL_NAMES
+from smhvd.mpi.supervisor import supervise
 from smhvd.proc.processes import become_subreaper, kill_descendants
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.stopping import StopRequested
-from smhvd.proc.supervisor import supervise
-from smhvd.rank import OUTPUT_CHANNEL, TAG_OUTPUT
 from smhvd.roles.leader import conclude, rank_command, run_leader
 from smhvd.roles.worker import run_worker
 from smhvd.sourcecode import (
@@ -33,6 +32,7 @@ from smhvd.sourcecode import (
     program_path,
     resolve_source,
 )
+from smhvd.wire import OUTPUT_CHANNEL, TAG_OUTPUT
 
 log = logging.getLogger("smhvd")
 THREAD_VARS = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")

@@ -11,41 +11,23 @@ vanishes without closing anything, the heartbeats stop: the worker gives up afte
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import socket
 import sys
 
-READY = b"ready\n"
-HEARTBEAT_INTERVAL = 2.0  # the leader sends {"event": "alive"} this often while the job runs
-SILENCE_LIMIT = 10.0  # a worker whose job started declares the leader lost after this long without a word
-
-
-def socket_name(port: int) -> str:
-    return f"\0smhvd-worker-{port}"
-
-
-def encode(event: dict[str, object]) -> bytes:
-    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
-
-
-def decode(line: bytes) -> dict[str, object] | None:
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None
+from smhvd.errors import EX_UNAVAILABLE
+from smhvd.wire import READY, link_socket_name
 
 
 def relay(port: int) -> int:
     """Runs on the worker, started by the leader over ssh: stdin -> the worker launcher's socket."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(socket_name(port))
+        sock.connect(link_socket_name(port))
     except OSError as exc:
         sys.stderr.write(f"smhvd.link: no launcher is waiting on this host ({exc.strerror})\n")
-        return 3
+        return EX_UNAVAILABLE
     os.write(1, READY)
     sel = selectors.DefaultSelector()
     sel.register(0, selectors.EVENT_READ)

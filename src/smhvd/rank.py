@@ -6,7 +6,7 @@ argv in SMHVD_RANK_ARGV (so that no user value is ever parsed by mpirun); starte
   set in its container. Without it the rank does not start (exit 69, one line naming why).
 - Passes the program's stdout and stderr on in whole lines, each tagged with its rank and host unless
   launcher_tag_output is false (proc/lines.py), and keeps the tail of its stderr; when the program fails,
-  prints one marker line (failure.MARKER + JSON) that the leader picks out of mpirun's output as the root
+  prints one marker line (wire.FAILURE_MARKER + JSON) that the leader picks out of mpirun's output as the root
   cause.
 - Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP to the program. A stop request (SIGTERM or SIGINT) that
   ends the program counts as a clean exit, so mpirun does not kill the other ranks while they checkpoint.
@@ -28,24 +28,18 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping, MutableMapping
 
-from smhvd.errors import EX_UNAVAILABLE, LauncherError
-from smhvd.mpi.output import STDOUT_MARK
+from smhvd.errors import EX_NOT_STARTED, EX_UNAVAILABLE, EX_USAGE, LauncherError
 from smhvd.proc.lines import LineWriter, tag, write_paced
 from smhvd.proc.processes import become_subreaper, drain_pipe, kill_descendants, rank_program_preexec
 from smhvd.report.failure import RankFailure
 from smhvd.report.summary import RankStart
 from smhvd.roles import hostenv
 from smhvd.roles.sshd import ssh_port
+from smhvd.wire import OUTPUT_CHANNEL, RANK_ARGV, SERVED, STDOUT_MARK, TAG_OUTPUT
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 TAIL_BYTES = 8192
-# The program's argv under mpirun (JSON, from roles/leader.mpirun_rank_command), never on its command line.
-RANK_ARGV = "SMHVD_RANK_ARGV"
-# "0": the program's lines are passed on whole but untagged (launcher_tag_output).
-TAG_OUTPUT = "SMHVD_TAG_OUTPUT"
-# "stderr": the launcher's supervisor demultiplexes the wrapper's stderr (proc/lines.py).
-OUTPUT_CHANNEL = "SMHVD_RANK_OUTPUT"
 
 
 def local_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -53,7 +47,7 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
     host's own `train` serves (its container's variables and its own SM_* values; see roles/hostenv.py).
     Started directly (not by mpirun under `train`): the environment as it is. HostEnvError when the host's
     environment cannot be had: a rank never runs with another host's identity."""
-    if not env.get(hostenv.SERVED):
+    if not env.get(SERVED):
         return dict(env)
     return hostenv.merge(env, hostenv.fetch(hostenv.rank_directory(env, ssh_port(env))))
 
@@ -197,12 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     args = program_argv(sys.argv[1:] if argv is None else argv, os.environ)
     if not args:
         sys.stderr.write("usage: python -m smhvd.rank -- PROGRAM [ARGS...]\n")
-        return 64
+        return EX_USAGE
     try:
         return run(args)
     except FileNotFoundError as exc:
         sys.stderr.write(f"smhvd.rank: cannot run {args[0]}: {exc.strerror}\n")
-        return 127
+        return EX_NOT_STARTED
 
 
 if __name__ == "__main__":

@@ -42,9 +42,7 @@ def test_leader_is_first_sorted_host_whatever_the_file_order():
     config = parse_resource_config(
         {"current_host": "algo-3", "hosts": ["algo-3", "algo-10", "algo-1"], "network_interface_name": "eth1"}
     )
-    assert config.leader == "algo-1"
-    assert config.workers == ("algo-10", "algo-3")
-    assert not config.is_leader
+    assert config.hosts == ("algo-1", "algo-10", "algo-3")  # sorted: the leader (Job.leader) is the first
     assert config.instance_groups == ()
     assert config.network_interface_name == "eth1"
 
@@ -53,7 +51,7 @@ def test_sdk_local_mode_hosts():
     config = parse_resource_config(
         {"current_host": "algo-1-xk3z9", "hosts": ["algo-2-ab12c", "algo-1-xk3z9"]}
     )
-    assert config.leader == "algo-1-xk3z9" and config.is_leader
+    assert config.hosts == ("algo-1-xk3z9", "algo-2-ab12c") and config.current_host == config.hosts[0]
     assert config.network_interface_name is None
 
 
@@ -132,3 +130,13 @@ def test_input_data_config_channels_sorted_and_validated():
         parse_input_data_config({"train": {"TrainingInputMode": "Stream"}})
     with pytest.raises(ConfigError, match="expected a JSON object"):
         parse_input_data_config(json.loads('["train"]'))
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "70000", "22 "])
+def test_a_bad_ssh_port_is_a_configuration_error(raw):
+    from smhvd.errors import EX_CONFIG, ConfigError
+    from smhvd.roles.sshd import ssh_port
+
+    with pytest.raises(ConfigError, match=r"^environment: SMHVD_SSH_PORT: expected a TCP port number") as err:
+        ssh_port({"SMHVD_SSH_PORT": raw})
+    assert err.value.exit_code == EX_CONFIG  # 78, like every other bad setting (it was 69, "unavailable")

@@ -10,11 +10,11 @@ import pytest
 
 from smhvd.cli import log_level
 from smhvd.config.hyperparameters import MAX_TOTAL_BYTES, decode_hyperparameters, to_script_args
-from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, parse_launcher_options
+from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, MPI_DEFAULT_NAMES, parse_launcher_options
 from smhvd.config.sagemaker_files import parse_input_data_config, parse_resource_config, read_json
 from smhvd.errors import ConfigError
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv, default_names, default_options
-from smhvd.proc.supervisor import remove_session_dir, session_dirs
+from smhvd.mpi.supervisor import remove_session_dir, session_dirs
 from smhvd.rank import RANK_ARGV, program_argv
 from smhvd.report.failure import compose, write_failure
 from smhvd.roles.leader import mpirun_rank_command, rank_command
@@ -89,7 +89,7 @@ def test_absurd_launcher_values_are_config_errors(reserved, message):
 def test_every_default_name_can_be_dropped_and_nothing_else():
     every = MpiPlan(1, Path(), Path(), (), "eth0", Path(), yield_when_idle=True, hosts=129)
     names = {name for name, _ in default_options(every)} | {"NCCL_SOCKET_IFNAME"}
-    assert default_names() == names
+    assert default_names() == names == MPI_DEFAULT_NAMES  # the config layer's list is mpirun's defaults
     settings = parse_launcher_options({"launcher_drop_mpi_defaults": ",".join(sorted(names))})
     assert settings.mpi.drop_defaults == names
     assert (

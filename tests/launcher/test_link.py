@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from smhvd import link
+from smhvd import wire
 from smhvd.errors import EX_UNAVAILABLE, PeerError
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.waiting import wait_until
@@ -29,7 +29,7 @@ def relay() -> subprocess.Popen[bytes]:
 
 
 def ready(proc: subprocess.Popen[bytes]) -> None:
-    assert proc.stdout.readline() == link.READY
+    assert proc.stdout.readline() == wire.READY
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_end_event_gives_the_job_exit_code_and_reason(waiter):
     proc = relay()
     ready(proc)
     proc.stdin.write(
-        link.encode({"event": "start"}) + link.encode({"event": "end", "exit_code": 7, "reason": "r"})
+        wire.encode({"event": "start"}) + wire.encode({"event": "end", "exit_code": 7, "reason": "r"})
     )
     proc.stdin.flush()
     thread.join(10)
@@ -75,7 +75,7 @@ def test_link_closing_mid_job_means_the_leader_was_lost_and_is_noticed_at_once(w
     thread, result = wait_in_background(w)
     proc = relay()
     ready(proc)
-    proc.stdin.write(link.encode({"event": "start"}))
+    proc.stdin.write(wire.encode({"event": "start"}))
     proc.stdin.flush()
     wait_until(lambda: w.started or None, what="the worker to see the start", timeout=10)
     closed = time.monotonic()
@@ -104,7 +104,7 @@ def test_an_attempt_abandoned_before_start_is_not_a_failure_and_the_wait_is_boun
 def test_relay_without_a_waiting_launcher_fails_clearly():
     proc = relay()
     _, err = proc.communicate(timeout=10)
-    assert proc.returncode == 3
+    assert proc.returncode == 69  # EX_UNAVAILABLE: no launcher waits on this host
     assert b"no launcher is waiting on this host" in err
 
 
@@ -115,10 +115,10 @@ def test_heartbeats_keep_the_job_alive_and_silence_means_the_leader_is_gone(wait
     thread, result = wait_in_background(w)
     proc = relay()
     ready(proc)
-    proc.stdin.write(link.encode({"event": "start"}))
+    proc.stdin.write(wire.encode({"event": "start"}))
     proc.stdin.flush()
     for _ in range(4):  # 2 s of heartbeats every 0.5 s: longer than the limit, but never silent
-        proc.stdin.write(link.encode({"event": "alive"}))
+        proc.stdin.write(wire.encode({"event": "alive"}))
         proc.stdin.flush()
         last_word = time.monotonic()
         thread.join(0.5)

@@ -5,6 +5,7 @@ real package: ModelTrainer._write_source_code_json, _write_distributed_json and,
 _LocalContainer._write_config_files); tests/images/test_sdk_v3_local.py runs the real SDK end to end.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import pytest
 from smhvd.cli import main
 from smhvd.config import sdk_v3
 from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters
+from smhvd.config.instance_groups import Placement
 from smhvd.config.job import Hardware, Job, load_job
 from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, parse_launcher_options
 from smhvd.config.paths import SageMakerPaths
@@ -229,6 +231,20 @@ def test_env_for_scripts_written_for_v3(tmp_path):
     assert env["SM_ENTRY_SCRIPT"] == "train.py"
     assert env["SM_SOURCE_DIR"] == str(paths.channel_dir("code"))
     assert json.loads(env["SM_DISTRIBUTED_CONFIG"]) == json.loads(DISTRIBUTED_MPI_JSON)
+
+
+def test_master_addr_is_the_jobs_leader_with_instance_groups(tmp_path):
+    """MPI over the 'gpu' group (algo-2, algo-3): the job's leader, and v3's SM_MASTER_ADDR, is algo-2, not
+    the first of every host (algo-1, in the 'data' group)."""
+    paths = write_v3_tree(tmp_path / "ml", hosts=("algo-1", "algo-2", "algo-3"))
+    job = dataclasses.replace(
+        make_job(paths),
+        placement=Placement(("algo-2", "algo-3"), current_group="data", distribution_groups=("gpu",)),
+    )
+    v3 = sdk_v3.load(paths)
+    assert v3 is not None
+    assert job.leader == "algo-2"
+    assert sdk_v3.env(v3, job)["SM_MASTER_ADDR"] == "algo-2"
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,25 @@ from pathlib import Path
 
 from smhvd.config.sagemaker_files import shown_key
 from smhvd.errors import ConfigError
-from smhvd.mpi.command import default_names
 
 SOURCE = "hyperparameters.json"
+# The launcher's mpirun defaults, by the names launcher_drop_mpi_defaults takes: data of this layer, which
+# validates the key; mpi/command.default_options gives each default under its name (a test checks they agree).
+MPI_DEFAULT_NAMES = frozenset(
+    {
+        "bind-to",
+        "map-by",
+        "orte_abort_on_non_zero_status",
+        "odls_base_sigkill_timeout",
+        "mpi_yield_when_idle",
+        "btl_tcp_if_include",
+        "oob_tcp_if_include",
+        "NCCL_SOCKET_IFNAME",
+        "plm_rsh_args",
+        "plm_rsh_no_tree_spawn",
+        "plm_rsh_num_concurrent",
+    }
+)
 # Ranks per host (and in all, per host): at most this many. Open MPI reads -np as a C int (a larger value
 # wraps, e.g. to -1), and the largest SageMaker instances have 192 vCPUs and 8 GPUs: 1024 processes on one
 # host is already far beyond what can run there, and any bound keeps a typo from reaching mpirun.
@@ -187,7 +203,7 @@ def _names(hps: Mapping[str, object], key: str) -> tuple[str, ...]:
 
 def _default_names(hps: Mapping[str, object], key: str) -> frozenset[str]:
     """Names of mpirun defaults to drop: each must name one (a typo must not pass silently)."""
-    known = default_names()
+    known = MPI_DEFAULT_NAMES
     names = _names(hps, key)
     for name in names:
         if name not in known:

@@ -33,22 +33,10 @@ class InstanceGroup:
 @dataclass(frozen=True)
 class ResourceConfig:
     current_host: str
-    hosts: tuple[str, ...]  # sorted: the leader is hosts[0] on every host
+    hosts: tuple[str, ...]  # sorted (the job's leader is Job.leader: the first of the MPI hosts)
     network_interface_name: str | None
     current_instance_type: str | None = None
     instance_groups: tuple[InstanceGroup, ...] = ()
-
-    @property
-    def leader(self) -> str:
-        return self.hosts[0]
-
-    @property
-    def is_leader(self) -> bool:
-        return self.current_host == self.leader
-
-    @property
-    def workers(self) -> tuple[str, ...]:
-        return self.hosts[1:]
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,7 @@ def env(v3: V3Job, job: Job) -> dict[str, str]:
     values = {
         "SM_SOURCE_DIR": str(v3.code_dir),
         "SM_ENTRY_SCRIPT": v3.source.entry_script or "",
-        "SM_MASTER_ADDR": job.resources.leader,
+        "SM_MASTER_ADDR": job.leader,  # the job's one leader (the first MPI host: instance groups count)
         "SM_MASTER_PORT": "7777",
         "SM_HOST_COUNT": str(len(job.resources.hosts)),
         "SM_INPUT_DATA_DIR": str(job.paths.data_dir),

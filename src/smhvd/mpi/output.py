@@ -15,12 +15,11 @@ import re
 from collections import deque
 
 from smhvd.report.failure import MARKER, RankFailure
-from smhvd.report.summary import START_MARKER, RankStart
+from smhvd.report.summary import RankStart
+from smhvd.wire import START_MARKER, STDOUT_MARK
 
 _MARK = MARKER.encode()
 _START = START_MARKER.encode()
-# First byte of a line a rank's program wrote to its stdout, on the rank wrapper's stderr (proc/lines.py).
-STDOUT_MARK = b"\x1d"
 _MARKS = (_MARK, _START, STDOUT_MARK)
 _NOTICED = re.compile(
     r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on signal (?P<signal>\d+)"

@@ -14,7 +14,9 @@ import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-MARKER = "@@smhvd-rank-failure@@ "
+from smhvd.wire import FAILURE_MARKER
+
+MARKER = FAILURE_MARKER
 FAILURE_LIMIT = 1024  # SageMaker shows the first 1024 characters as FailureReason
 _MAX_MARKER_TAIL = 2000  # keep the marker line well below a pipe's atomic write size
 # Frameworks' start-up chatter, which says nothing about a failure and would fill the 1024 characters:

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from smhvd.proc.processes import is_rank_wrapper, read_process_table
-from smhvd.roles.peers import ssh_command
+from smhvd.proc.ssh import ssh_command
 
 DUMP_TIMEOUT = 20.0  # one py-spy dump
 REMOTE_TIMEOUT = DUMP_TIMEOUT + 15.0  # another host's dumps: ssh connect + its parallel dumps

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-START_MARKER = "@@smhvd-rank-start@@ "
+from smhvd.wire import START_MARKER
+
 FILE_NAME = "job-summary.json"
 
 

@@ -39,9 +39,8 @@ from smhvd.environment import HOST_KEYS
 from smhvd.errors import HostEnvError
 from smhvd.proc.processes import is_alive
 from smhvd.proc.waiting import NotYet, wait_until
+from smhvd.wire import SERVED
 
-# In every rank's environment when each host's `train` serves one: the leader's directory (see directory()).
-SERVED = "SMHVD_HOSTENV"
 FETCH_TIMEOUT = 60.0
 BACKLOG = 4096  # every rank of a large host may ask at the same moment (the kernel caps it at somaxconn)
 _MAX_BYTES = 64 * 1024 * 1024

@@ -17,15 +17,15 @@ from smhvd.errors import EX_STOPPED
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv, display, plan_for
 from smhvd.mpi.hostfile import render_hostfile
 from smhvd.mpi.output import parse_mpirun_verdict
+from smhvd.mpi.supervisor import STOP_DUMP_WAIT, Dumps, Outcome, supervise
 from smhvd.proc.signals import SignalWatch
-from smhvd.proc.supervisor import STOP_DUMP_WAIT, Dumps, Outcome, supervise
-from smhvd.rank import RANK_ARGV
 from smhvd.report import failure, summary
 from smhvd.report.failure import RankFailure
 from smhvd.report.stacks import StackDumper
 from smhvd.roles import hostenv
 from smhvd.roles.peers import WorkerLink, close_all, connect_all
 from smhvd.roles.sshd import render_ssh_config, ssh_port
+from smhvd.wire import RANK_ARGV, SERVED
 
 log = logging.getLogger("smhvd")
 DUMP_LINE_LIMIT = 400  # of the failure file's 1024 characters, at most this much for a stack dump's summary
@@ -104,7 +104,7 @@ def run_leader(
     started_at = time.time() if started_at is None else started_at
     host_env = dict(env)  # this host's ranks' own environment, served to them (roles/hostenv.py)
     served_from = hostenv.leader_directory()
-    command, env = mpirun_rank_command(program, {**env, hostenv.SERVED: str(served_from)})
+    command, env = mpirun_rank_command(program, {**env, SERVED: str(served_from)})
     plan = plan_for(job, command, env, run_dir, code_dir)
     hosts = list(job.mpi_hosts) if job.mpi_multi_host else ["localhost"]
     plan.hostfile.write_text(render_hostfile(hosts, job.processes_per_host))

@@ -16,7 +16,6 @@ import logging
 import os
 import select
 import selectors
-import shlex
 import socket
 import subprocess
 import sys
@@ -27,9 +26,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from smhvd import link
+from smhvd import wire
 from smhvd.errors import PeerError, Stopped
 from smhvd.proc.processes import die_with_parent
+from smhvd.proc.ssh import ssh_command
 from smhvd.proc.waiting import NotYet, wait_until
 
 log = logging.getLogger("smhvd")
@@ -57,7 +57,7 @@ class WorkerLink:
     def send(self, event: dict[str, object]) -> bool:
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(link.encode(event))
+            self.proc.stdin.write(wire.encode(event))
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError):
             return False
@@ -90,11 +90,6 @@ def close_all(links: Sequence[WorkerLink], timeout: float = CLOSE_TIMEOUT) -> No
     deadline = time.monotonic() + timeout
     for worker in links:
         worker.reap(deadline)
-
-
-def ssh_command(ssh_config: Path, host: str, remote: Sequence[str]) -> list[str]:
-    # ssh hands the remote command to the remote shell: quote it (host names are validated, no leading '-').
-    return ["ssh", "-F", str(ssh_config), host, shlex.join(remote)]
 
 
 def port_open(host: str, port: int, timeout: float) -> str | None:
@@ -167,7 +162,7 @@ class _Attempts:
         readable, _, _ = select.select([proc.stdout], [], [], 0)
         if readable:
             line = proc.stdout.readline()
-            if line == link.READY:
+            if line == wire.READY:
                 return WorkerLink(self.host, proc)
         elif proc.poll() is None and now - self.started < ATTEMPT_TIMEOUT:
             return None  # still connecting

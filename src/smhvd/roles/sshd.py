@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from smhvd.errors import PeerError
+from smhvd.errors import ConfigError, PeerError
 from smhvd.proc.processes import die_with_parent
 from smhvd.proc.waiting import NotYet, wait_until
 
@@ -23,7 +23,7 @@ HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 def ssh_port(env: Mapping[str, str]) -> int:
     raw = env.get("SMHVD_SSH_PORT", str(DEFAULT_PORT))
     if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise PeerError(f"SMHVD_SSH_PORT: expected a TCP port number, got {raw!r}")
+        raise ConfigError("environment", "SMHVD_SSH_PORT", "a TCP port number (1-65535)", raw)
     return int(raw)
 
 

@@ -20,12 +20,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from smhvd import link
+from smhvd import wire
 from smhvd.config.job import Job
 from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, PeerError
+from smhvd.mpi.supervisor import stop_local_ranks
 from smhvd.proc.processes import die_with_parent, kill_descendants
 from smhvd.proc.signals import SignalWatch
-from smhvd.proc.supervisor import stop_local_ranks
 from smhvd.report import failure, stacks
 from smhvd.roles import hostenv
 from smhvd.roles.sshd import ssh_port, start_sshd
@@ -44,7 +44,7 @@ class Verdict:
 def listen(port: int) -> socket.socket:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        server.bind(link.socket_name(port))
+        server.bind(wire.link_socket_name(port))
     except OSError:
         server.close()
         raise PeerError(f"another launcher already serves port {port} on this host") from None
@@ -68,7 +68,7 @@ class LinkWaiter:
         leader: str,
         start_timeout: float,
         watch: SignalWatch,
-        silence_limit: float = link.SILENCE_LIMIT,
+        silence_limit: float = wire.SILENCE_LIMIT,
         on_child: Callable[[], Verdict | None] | None = None,
         on_dump: Callable[[str], object] | None = None,
     ) -> None:
@@ -172,7 +172,7 @@ class LinkWaiter:
         lines = (self.buffers[conn] + data).split(b"\n")
         self.buffers[conn] = lines.pop()
         for line in lines:
-            event = link.decode(line)
+            event = wire.decode(line)
             if event is None:
                 continue
             if event["event"] != "alive":  # heartbeats every 2 s would drown the debug log

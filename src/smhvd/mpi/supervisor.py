@@ -22,12 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from smhvd import link
 from smhvd.errors import EX_MPI_ABORT
 from smhvd.mpi.output import StderrFilter
 from smhvd.proc.lines import write_all
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_rank_wrapper, signal_pids
 from smhvd.proc.signals import SignalWatch
+from smhvd.wire import HEARTBEAT_INTERVAL
 
 log = logging.getLogger("smhvd")
 ABORT_GRACE = 5.0  # Open MPI said the job aborts -> mpirun gets SIGTERM if still running after this long
@@ -66,7 +66,7 @@ def supervise(
     keep: Sequence[int] = (),
     watch: SignalWatch | None = None,
     tick: Callable[[], object] | None = None,
-    tick_interval: float = link.HEARTBEAT_INTERVAL,
+    tick_interval: float = HEARTBEAT_INTERVAL,
     dumps: Dumps | None = None,
     on_stop: Callable[[], object] = lambda: None,
 ) -> Outcome:
