@@ -1,9 +1,11 @@
-"""The training input pipeline: RPN targets on the anchor grid against a brute-force reading of tensorpack's
-get_anchor_labels (every anchor's box, dense IoU), aligned with the graph's anchors; a datapoint's shapes and
-mirroring."""
+"""The training input pipeline: RPN targets on the anchor grid against a dense reading of tensorpack's
+get_anchor_labels (every anchor inside the image, pycocotools' IoU in float32 as its np_iou returns it, labels
+set in its order), aligned with the graph's anchors; a datapoint's shapes and mirroring. (The benchmark,
+`make bench-maskrcnn-input` with tensorpack's example, compares whole examples with tensorpack's own code.)"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -12,19 +14,46 @@ from mrcnn import anchors as A
 from mrcnn import boxes as B
 from mrcnn import data
 from mrcnn.config import build_config
+from pycocotools import mask as mask_utils
+
+
+def dense_anchors(h: int, w: int, cfg) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Every anchor in the graph's order (level, row, column, ratio), float32, in the arithmetic of
+    tensorpack's model_rpn.get_all_anchors: a cell's anchor w = sqrt(size^2 / ratio), h = ratio * w, halved
+    in float64, plus float32 shifts of j * stride."""
+    shapes = B.level_shapes(*data.padded_size(h, w))
+    out = []
+    for (rows, cols), stride, size in zip(shapes, B.FPN_STRIDES, cfg.anchor_sizes, strict=True):
+        cell = []
+        for r in cfg.anchor_ratios:
+            aw = math.sqrt(size * size / r)
+            cell.append([-aw, -r * aw, aw, r * aw])
+        half = np.asarray(cell) * 0.5
+        ys, xs = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+        shifts = (np.stack([xs, ys, xs, ys], axis=-1) * stride).astype(np.float32)
+        out.append((shifts[:, :, None, :] + half[None, None]).reshape(-1, 4).astype(np.float32))
+    return np.concatenate(out)
 
 
 def reference_labels(h: int, w: int, gt: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
-    """Before sampling: labels of every anchor (-1 outside the image, 1 / 0 / -1 by IoU inside, forced best
-    matches 1) and each anchor's best box, from every anchor's box and a dense IoU."""
-    boxes = B.np_anchors(*data.padded_size(h, w), cfg.anchor_sizes, cfg.anchor_ratios).astype(np.float64)
+    """Before sampling: every anchor's label (-1 outside the image; inside: a box's best matches (ties
+    included) and IoU >= rpn_pos_iou 1, then IoU < rpn_neg_iou 0, which wins) and its best box."""
+    boxes = dense_anchors(h, w, cfg)
     inside = (boxes[:, 0] >= 0) & (boxes[:, 1] >= 0) & (boxes[:, 2] <= w) & (boxes[:, 3] <= h)
-    iou = np.where(inside[:, None], B.np_iou(boxes, gt.astype(np.float64)), 0.0)
-    best, best_gt = iou.max(axis=1), iou.argmax(axis=1)
-    labels = np.where(inside & (best < cfg.rpn_neg_iou), 0, -1)
-    gt_best = iou.max(axis=0)
-    forced = ((iou == gt_best[None, :]) & (gt_best[None, :] > 0)).any(axis=1)
-    labels[forced | (best >= cfg.rpn_pos_iou)] = 1
+
+    def xywh(b: np.ndarray) -> np.ndarray:
+        return np.concatenate([b[:, :2], b[:, 2:] - b[:, :2]], axis=1)
+
+    iou = mask_utils.iou(xywh(boxes[inside]), xywh(gt), np.zeros(len(gt), bool)).astype(np.float32)
+    best = iou.max(axis=1)
+    inner = np.full(len(best), -1, np.int32)
+    inner[np.where(iou == iou.max(axis=0, keepdims=True))[0]] = 1
+    inner[best >= cfg.rpn_pos_iou] = 1
+    inner[best < cfg.rpn_neg_iou] = 0
+    labels = np.full(len(boxes), -1, np.int32)
+    labels[inside] = inner
+    best_gt = np.zeros(len(boxes), np.int64)
+    best_gt[inside] = iou.argmax(axis=1)
     return labels, best_gt
 
 
@@ -44,17 +73,20 @@ def test_rpn_targets_equal_the_dense_reference_before_sampling(h: int, w: int, n
     np.testing.assert_array_equal(labels, expected)
     fg = labels == 1
     assert fg.any()
-    anchors = B.np_anchors(*data.padded_size(h, w), cfg.anchor_sizes, cfg.anchor_ratios)
+    anchors = dense_anchors(h, w, cfg)
     np.testing.assert_allclose(B.np_decode(deltas[fg], anchors[fg]), gt[best_gt[fg]], atol=1e-2)
     assert not deltas[~fg].any()
 
 
 def test_rpn_targets_sample_the_anchor_batch() -> None:
     cfg = build_config("coco", [])
-    gt = random_gt(np.random.default_rng(5), 30, 800, 1200)
+    gt = random_gt(np.random.default_rng(5), 60, 800, 1200)
+    candidates, _ = A.labels_before_sampling(800, 1200, gt, cfg)
+    assert (candidates == 1).sum() > cfg.rpn_batch_per_image * cfg.rpn_fg_ratio  # more than can be kept
     labels, _ = A.rpn_targets(800, 1200, gt, cfg, np.random.default_rng(1))
     fg, bg = int((labels == 1).sum()), int((labels == 0).sum())
-    assert fg == cfg.rpn_batch_per_image * cfg.rpn_fg_ratio  # 30 objects: more fg candidates than 128
+    assert fg == cfg.rpn_batch_per_image * cfg.rpn_fg_ratio
+    assert set(np.flatnonzero(labels == 1)) <= set(np.flatnonzero(candidates == 1))
     assert fg + bg == cfg.rpn_batch_per_image
     other, _ = A.rpn_targets(800, 1200, gt, cfg, np.random.default_rng(2))
     assert not np.array_equal(labels, other)  # sampled at random
