@@ -62,6 +62,13 @@ EDITS: tuple[tuple[str, str, str, int], ...] = (
         1,
     ),
     ("callbacks/prof.py", "evt = tf.Event()", "evt = tf.compat.v1.Event()", 1),
+    # GraphProfiler's step hook (and GPUMemoryTracker's, which TF 2 never reaches: it has no MaxBytesInUse op)
+    (
+        "callbacks/prof.py",
+        "tf.train.SessionRunArgs(",
+        "tf.compat.v1.train.SessionRunArgs(",
+        2,
+    ),
     (
         "callbacks/prof.py",
         "    def _before_train(self):\n        assert gpu_available_in_session(), " + NEEDS_GPU,

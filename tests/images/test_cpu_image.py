@@ -83,6 +83,24 @@ def write_tiny_job(tmp: Path) -> tuple[Path, Path, Path]:
     return code, data, hps
 
 
+# NCHW convolution, pooling, transposed convolution and their gradients in a graph (tensorpack's FasterRCNN
+# example is NCHW throughout): TensorFlow's own CPU kernels refuse NCHW; oneDNN, which the CPU image turns on
+# (TF_ENABLE_ONEDNN_OPTS=1), has them.
+NCHW_PROBE = """
+import tensorflow as tf
+@tf.function
+def grads(x, w):
+    with tf.GradientTape() as tape:
+        tape.watch([x, w])
+        y = tf.nn.conv2d(x, w, 1, "SAME", data_format="NCHW")
+        y = tf.nn.max_pool2d(y, 2, 2, "VALID", data_format="NCHW")
+        y = tf.nn.conv2d_transpose(y, tf.ones([2, 2, 4, 4]), [1, 4, 8, 8], 2, data_format="NCHW")
+        loss = tf.reduce_sum(y)
+    return tape.gradient(loss, [x, w])
+print("nchw gradients", *(g.shape for g in grads(tf.ones([1, 3, 8, 8]), tf.ones([3, 3, 3, 4]))))
+"""
+
+
 NOT_RUNTIME = ("smhvd_sim", "smhvd_dev", "sagemaker_training", "matplotlib", "pandas", "pytest", "moto")
 NOT_RUNTIME_PROBE = (
     "import importlib.util as u;"
@@ -107,6 +125,7 @@ def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: 
         "set -e; command -v train; command -v smhvd-train; test -d /run/sshd; ls /opt/smhvd/examples;"
         " ls /etc/ssh/ssh_host_ed25519_key; passwd -S root; horovodrun --check-build; train --help;"
         f" python -c {shlex.quote(NOT_RUNTIME_PROBE)};"
+        f" TF_CPP_MIN_LOG_LEVEL=2 python -c {shlex.quote(NCHW_PROBE)};"
         f" cd /opt/smhvd/examples/mnist && python -c {shlex.quote(EMBEDDED_DATA)}"
     )
     out = podman(engine_env, "run", "--rm", "--network", "none", cpu_image.immutable, "bash", "-c", probe)
@@ -120,6 +139,8 @@ def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: 
     # Both datasets of the MNIST reference script are in the image: a job needs no data channel.
     assert "mnist 60000 10000" in out, out
     assert "fashion_mnist 60000 10000" in out, out
+    # tensorpack's NCHW models train on the CPU image as they are.
+    assert "nchw gradients (1, 3, 8, 8) (3, 3, 3, 4)" in out, out
 
 
 def test_ssh_between_containers_of_the_image_is_key_only(

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -44,30 +45,6 @@ def test_the_patch_refuses_a_tensorpack_it_does_not_know(tmp_path: Path) -> None
     with pytest.raises(patch.PatchError, match=r"train/trainers.py: expected 1 occurrence"):
         patch.plan(copy)
     assert "something_else()" in trainers.read_text()
-
-
-def test_frozen_variables_and_batchnorm_statistics_are_model_variables() -> None:
-    """tensorpack keeps what is not trained but belongs to the model (frozen layers, BatchNorm's moving
-    statistics) in MODEL_VARIABLES; its dumps and loaders rely on it. Under TF 2 (resource variables) its
-    isinstance checks missed them until patched."""
-    script = (
-        "import tensorflow as tf\n"
-        "from tensorpack.models import BatchNorm\n"
-        "from tensorpack.tfutils.tower import TowerContext\n"
-        "from tensorpack.tfutils.varreplace import freeze_variables\n"
-        "tf1 = tf.compat.v1\n"
-        "tf1.disable_eager_execution()\n"
-        "with TowerContext('', is_training=True):\n"
-        "    with freeze_variables(skip_collection=True):\n"
-        "        w = tf1.get_variable('frozen', [3])\n"
-        "    BatchNorm('bn', tf1.placeholder(tf.float32, [None, 4]))\n"
-        "names = sorted(v.op.name for v in tf1.get_collection(tf1.GraphKeys.MODEL_VARIABLES))\n"
-        "print(names)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "['bn/mean/EMA', 'bn/variance/EMA', 'frozen']" in result.stdout
-    assert "did not return a Variable" not in result.stderr + result.stdout
 
 
 # A tiny ModelDesc trained by tensorpack's HorovodTrainer under `train`, with the callbacks tensorpack's
@@ -148,24 +125,39 @@ def test_horovod_trainer_at_np2_through_train(train_job) -> None:  # type: ignor
 
 
 # tensorpack's example-like path on a CPU: an NCHW model (convolutions, pooling, nearest upsampling, a strided
-# transposed convolution, ROI crops) with tensorpack layers and argscope, trained by SimpleTrainer and by
-# SyncMultiGPUTrainerReplicated with one tower (soft placement puts '/gpu:0' on the CPU), then predicted by
-# OfflinePredictor and MultiTowerOfflinePredictor. NCHW kernels on a CPU need oneDNN: TF_ENABLE_ONEDNN_OPTS=1,
-# which the CPU image sets.
-NCHW_SCRIPT = """
+# transposed convolution, ROI crops) with tensorpack layers and argscope, its summaries as the example makes
+# them (add_moving_summary, a tf.compat.v1 scalar, a tensor histogram), trained by SimpleTrainer (with
+# GraphProfiler for one step) and by SyncMultiGPUTrainerReplicated with one tower (soft placement puts
+# '/gpu:0' on the CPU), then predicted by OfflinePredictor and MultiTowerOfflinePredictor. NCHW kernels on a
+# CPU need oneDNN: TF_ENABLE_ONEDNN_OPTS=1, which the CPU image sets. The script first lists MODEL_VARIABLES
+# of a frozen variable and a BatchNorm in a graph of their own (one process, one TensorFlow import for both).
+GRAPH_SCRIPT = """
 import sys
 import numpy as np
 import tensorflow as tf
 from tensorpack import ModelDesc, TrainConfig, launch_train_with_config
+from tensorpack.callbacks import EnableCallbackIf, GraphProfiler, ModelSaver
 from tensorpack.dataflow import DataFromGenerator, FixedSizeData
 from tensorpack.input_source import QueueInput
 from tensorpack.models import Conv2D, Conv2DTranspose, FixedUnPooling, MaxPooling
 from tensorpack.predict import MultiTowerOfflinePredictor, OfflinePredictor, PredictConfig
 from tensorpack.tfutils import SmartInit, argscope
+from tensorpack.tfutils.summary import add_moving_summary, add_tensor_summary
 from tensorpack.train import SimpleTrainer, SyncMultiGPUTrainerReplicated
+from tensorpack.utils import logger
+
+from tensorpack.models import BatchNorm
+from tensorpack.tfutils.tower import TowerContext
+from tensorpack.tfutils.varreplace import freeze_variables
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
+
+with tf.Graph().as_default(), TowerContext("", is_training=True):
+    with freeze_variables(skip_collection=True):
+        tf1.get_variable("frozen", [3])
+    BatchNorm("bn", tf1.placeholder(tf.float32, [None, 4]))
+    print("model variables:", sorted(v.op.name for v in tf1.get_collection(tf1.GraphKeys.MODEL_VARIABLES)))
 
 class TinyFPN(ModelDesc):
     def inputs(self):
@@ -182,9 +174,14 @@ class TinyFPN(ModelDesc):
         rois = tf.image.crop_and_resize(nhwc, [[0.1, 0.1, 0.6, 0.7]], [0], [7, 7])
         score = tf.reduce_mean(rois, axis=[1, 2, 3]) + tf.reduce_mean(mask, axis=[1, 2, 3])
         pred = tf.identity(score, name="pred")
-        return tf.reduce_mean(tf.square(pred - y), name="cost")
+        cost = tf.reduce_mean(tf.square(pred - y), name="cost")
+        add_moving_summary(cost)
+        add_tensor_summary(p2, ["histogram", "rms"], name="p2")
+        return cost
     def optimizer(self):
-        return tf1.train.MomentumOptimizer(0.01, 0.9)
+        lr = tf1.get_variable("learning_rate", initializer=0.01, trainable=False)
+        tf1.summary.scalar("learning_rate-summary", lr)
+        return tf1.train.MomentumOptimizer(lr, 0.9)
 
 def data():
     rng = np.random.default_rng(0)
@@ -193,12 +190,15 @@ def data():
 
 outdir = sys.argv[1]
 for name, trainer in (("simple", SimpleTrainer()), ("replicated", SyncMultiGPUTrainerReplicated(1))):
-    from tensorpack.callbacks import ModelSaver
+    logger.set_logger_dir(f"{outdir}/{name}", "d")  # monitors (stats.json, events) and checkpoints
+    callbacks = [ModelSaver()]
+    if name == "simple":
+        profile = GraphProfiler(dump_tracing=True, dump_event=True)
+        callbacks.append(EnableCallbackIf(profile, lambda cb: cb.trainer.global_step == 3))
     with tf.Graph().as_default():
         launch_train_with_config(TrainConfig(
             model=TinyFPN(), data=QueueInput(FixedSizeData(DataFromGenerator(data), 5)),
-            callbacks=[ModelSaver(checkpoint_dir=f"{outdir}/{name}")], steps_per_epoch=5, max_epoch=2),
-            trainer)
+            callbacks=callbacks, steps_per_epoch=5, max_epoch=2), trainer)
 image = np.zeros((1, 3, 32, 32), np.float32)
 last = SmartInit(tf1.train.latest_checkpoint(f"{outdir}/simple"))
 config = PredictConfig(model=TinyFPN(), session_init=last, input_names=["image"], output_names=["pred"])
@@ -209,19 +209,42 @@ print("nchw-ok", float(single[0]))
 """
 
 
-@pytest.mark.integration
-def test_an_nchw_model_trains_and_predicts_with_tensorpacks_trainers(tmp_path: Path) -> None:
-    script = tmp_path / "nchw.py"
-    script.write_text(NCHW_SCRIPT)
+@dataclass(frozen=True)
+class GraphRun:
+    result: subprocess.CompletedProcess[str]
+    outdir: Path
+
+
+@pytest.fixture(scope="module")
+def graph_run(tmp_path_factory: pytest.TempPathFactory) -> GraphRun:
+    outdir = tmp_path_factory.mktemp("tensorpack-graph")
+    script = outdir / "graph.py"
+    script.write_text(GRAPH_SCRIPT)
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    argv = [sys.executable, str(script), str(outdir)]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "nchw-ok" in result.stdout
+    return GraphRun(result, outdir)
+
+
+@pytest.mark.integration
+def test_frozen_variables_and_batchnorm_statistics_are_model_variables(graph_run: GraphRun) -> None:
+    """tensorpack keeps what is not trained but belongs to the model (frozen layers, BatchNorm's moving
+    statistics) in MODEL_VARIABLES; its dumps and loaders rely on it. Under TF 2 (resource variables) its
+    isinstance checks missed them until patched."""
+    out = graph_run.result.stdout
+    assert "model variables: ['bn/mean/EMA', 'bn/variance/EMA', 'frozen']" in out, out[-2000:]
+    assert "did not return a Variable" not in graph_run.result.stderr + out
+
+
+@pytest.mark.integration
+def test_an_nchw_model_trains_and_predicts_with_tensorpacks_trainers(graph_run: GraphRun) -> None:
+    tmp_path = graph_run.outdir
+    assert "nchw-ok" in graph_run.result.stdout
     assert (tmp_path / "replicated" / "checkpoint").is_file()
+    # The monitors got the example's kinds of summaries, and GraphProfiler traced its one step.
+    last = json.loads((tmp_path / "simple" / "stats.json").read_text())[-1]
+    # tensorpack drops the "-summary" suffix of a scalar summary's name
+    assert {"cost", "learning_rate", "p2-rms"} <= set(last), sorted(last)
+    assert last["learning_rate"] == pytest.approx(0.01)
+    assert list((tmp_path / "simple").glob("chrome-trace-*.json"))
