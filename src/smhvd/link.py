@@ -1,8 +1,10 @@
 """The leader-worker link: how a worker learns that the job started and how it ended.
 
 The leader opens one ssh session per worker running `python -m smhvd.link PORT`. This relay connects to
-the worker's `train` over an abstract unix socket (per network namespace, named after the sshd port), prints
-`ready` (the leader's proof that the worker is up), then copies the leader's JSON-lines events to it:
+the worker's `train` over a unix socket in its private directory (named after the sshd port; trusted as a rank
+trusts its environment: the directory is this user's alone, and the other end is the `train` whose pid is
+written there and that started this relay's sshd: roles/hostenv.py), prints `ready` (the leader's proof that
+the worker is up), then copies the leader's JSON-lines events to it:
 `{"event": "start"}` before mpirun starts, `{"event": "alive"}` every HEARTBEAT_INTERVAL while it runs,
 `{"event": "end", "exit_code": N, "reason": "..."}` when it ended. If the leader dies, its end of the ssh
 session closes and the worker sees the link close without an `end`: it exits at once. If the leader's host
@@ -13,21 +15,27 @@ from __future__ import annotations
 
 import os
 import selectors
-import socket
 import sys
 
-from smhvd.errors import EX_UNAVAILABLE
-from smhvd.wire import READY, link_socket_name
+from smhvd.errors import EX_UNAVAILABLE, HostEnvError
+from smhvd.proc.processes import ancestors
+from smhvd.proc.waiting import NotYet
+from smhvd.roles import hostenv
+from smhvd.wire import READY
+
+CONNECT_TIMEOUT = 5.0  # one attempt: the leader tries again
 
 
 def relay(port: int) -> int:
     """Runs on the worker, started by the leader over ssh: stdin -> the worker launcher's socket."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(link_socket_name(port))
-    except OSError as exc:
-        sys.stderr.write(f"smhvd.link: no launcher is waiting on this host ({exc.strerror})\n")
+        sock = hostenv.connect_trusted(
+            hostenv.directory(port), hostenv.LINK_SOCKET, CONNECT_TIMEOUT, ancestors(), "the worker's link"
+        )
+    except (NotYet, HostEnvError) as exc:
+        sys.stderr.write(f"smhvd.link: no launcher is waiting on this host ({exc})\n")
         return EX_UNAVAILABLE
+    sock.settimeout(None)
     os.write(1, READY)
     sel = selectors.DefaultSelector()
     sel.register(0, selectors.EVENT_READ)

@@ -3,7 +3,8 @@ argv in SMHVD_RANK_ARGV (so that no user value is ever parsed by mpirun); starte
 
 - Takes this host's own environment from its `train` (roles/hostenv.py): the container's variables and its own
   SM_* values (mpirun forwards the leader's), so each rank sees its own SM_CURRENT_HOST and what SageMaker
-  set in its container. Without it the rank does not start (exit 69, one line naming why).
+  set in its container. Only the `train` that started this rank may answer. Without it the rank does not
+  start (exit 69, one line naming why).
 - Passes the program's stdout and stderr on in whole lines, each tagged with its rank and host unless
   launcher_tag_output is false (proc/lines.py), and keeps the tail of its stderr; when the program fails,
   prints one marker line (wire.FAILURE_MARKER + JSON) that the leader picks out of mpirun's output as the root
@@ -30,7 +31,13 @@ from collections.abc import Iterator, Mapping, MutableMapping
 
 from smhvd.errors import EX_NOT_STARTED, EX_UNAVAILABLE, EX_USAGE, LauncherError
 from smhvd.proc.lines import LineWriter, tag, write_paced
-from smhvd.proc.processes import become_subreaper, drain_pipe, kill_descendants, rank_program_preexec
+from smhvd.proc.processes import (
+    ancestors,
+    become_subreaper,
+    drain_pipe,
+    kill_descendants,
+    rank_program_preexec,
+)
 from smhvd.report.failure import RankFailure
 from smhvd.report.summary import RankStart
 from smhvd.roles import hostenv
@@ -49,7 +56,8 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
     environment cannot be had: a rank never runs with another host's identity."""
     if not env.get(SERVED):
         return dict(env)
-    return hostenv.merge(env, hostenv.fetch(hostenv.rank_directory(env, ssh_port(env))))
+    path = hostenv.rank_directory(env, ssh_port(env))
+    return hostenv.merge(env, hostenv.fetch(path, ancestors=ancestors()))  # only the train that started it
 
 
 def _identity(env: Mapping[str, str]) -> tuple[int | None, str | None]:

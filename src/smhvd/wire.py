@@ -32,11 +32,6 @@ HEARTBEAT_INTERVAL = 2.0  # the leader sends {"event": "alive"} this often while
 SILENCE_LIMIT = 10.0  # a worker whose job started declares the leader lost after this long without a word
 
 
-def link_socket_name(port: int) -> str:
-    """The worker's abstract unix socket the link relay connects to (per network namespace)."""
-    return f"\0smhvd-worker-{port}"
-
-
 def encode(event: dict[str, object]) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode() + b"\n"
 

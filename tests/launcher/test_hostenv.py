@@ -18,6 +18,7 @@ from smhvd.config.job import Hardware, Job, with_usable_interface
 from smhvd.config.launcher_options import parse_launcher_options
 from smhvd.config.sagemaker_files import parse_resource_config, read_json
 from smhvd.errors import HostEnvError
+from smhvd.proc import processes
 from smhvd.report.failure import RankFailure
 from smhvd.roles import hostenv
 from smhvd_dev.mltree import write_ml_tree
@@ -104,9 +105,10 @@ def _fake_server(port: int, pid: int, answer: bytes) -> tuple[socket.socket, thr
     server.listen(1)
 
     def reply():
-        conn, _ = server.accept()
-        with conn, contextlib.suppress(OSError):  # a refusing client may hang up first
-            conn.sendall(answer)
+        with contextlib.suppress(OSError):  # a refusing client may hang up first, or never connect
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(answer)
 
     thread = threading.Thread(target=reply, daemon=True)
     thread.start()
@@ -118,6 +120,30 @@ def test_a_garbled_answer_is_refused(port):
     with server, pytest.raises(HostEnvError, match=r"answered something other than an environment"):
         hostenv.fetch(hostenv.directory(port), timeout=2)
     thread.join()
+
+
+def test_a_train_that_did_not_start_the_rank_is_refused(port):
+    """Same user, the pid written in the directory answers, but it is not one of the rank's ancestors (another
+    job's train on this host, say): refused before connecting. Its own train (an ancestor) is accepted."""
+    env = {"SM_CURRENT_HOST": "algo-1"}
+    server, thread = _fake_server(port, os.getpid(), json.dumps(env).encode())  # this process answers
+    with server:
+        with pytest.raises(
+            HostEnvError, match=r"served by pid \d+, which did not start this process: refused"
+        ):
+            hostenv.fetch(hostenv.directory(port), timeout=2, ancestors=processes.ancestors())
+        assert hostenv.fetch(hostenv.directory(port), timeout=2, ancestors={os.getpid()}) == env
+    thread.join()
+
+
+def test_ancestors_are_the_chain_of_parents():
+    code = (
+        "import json, os; from smhvd.proc.processes import ancestors;"
+        " print(json.dumps([os.getpid(), sorted(ancestors())]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    child, found = json.loads(out.stdout)
+    assert {os.getpid(), os.getppid()} <= set(found) and child not in found
 
 
 def test_an_answer_from_another_process_than_the_train_is_refused(port):

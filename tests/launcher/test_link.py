@@ -1,5 +1,7 @@
-"""The leader-worker link without ssh: the real relay process feeding a real LinkWaiter (abstract socket)."""
+"""The leader-worker link without ssh: the real relay process feeding a real LinkWaiter (its socket in the
+worker's private directory, roles/hostenv.py)."""
 
+import os
 import subprocess
 import sys
 import time
@@ -10,12 +12,11 @@ from smhvd import wire
 from smhvd.errors import EX_UNAVAILABLE, PeerError
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.waiting import wait_until
-from smhvd.roles.worker import LinkWaiter, Verdict, listen
+from smhvd.roles import hostenv
+from smhvd.roles.worker import LinkWaiter, Verdict, listening
 
 pytestmark = pytest.mark.integration
-PORT = 47000 + (
-    hash(__file__) % 1000
-)  # a socket name of our own (abstract namespace, this network namespace)
+PORT = 47000 + os.getpid() % 1000  # a directory of our own
 
 
 def relay() -> subprocess.Popen[bytes]:
@@ -34,10 +35,10 @@ def ready(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture
 def waiter():
-    server = listen(PORT)
-    with SignalWatch() as watch:
+    place = hostenv.directory(PORT)
+    with hostenv.serving(place, {}), listening(place) as server, SignalWatch() as watch:
         yield lambda timeout=10.0: LinkWaiter(server, "algo-1", timeout, watch)
-    server.close()
+    assert not place.exists()
 
 
 def wait_in_background(w: LinkWaiter):

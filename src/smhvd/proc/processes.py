@@ -100,6 +100,20 @@ def cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def ancestors(pid: int | None = None) -> frozenset[int]:
+    """The processes above `pid` (default: this one), its parent up to the first process of its pid
+    namespace. A launcher is a child subreaper: what it started stays below it even when a process in between
+    daemonizes."""
+    found: set[int] = set()
+    current = os.getpid() if pid is None else pid
+    while (fields := _stat_fields(Path(f"/proc/{current}/stat"))) and (parent := int(fields[1])) > 0:
+        if parent in found:
+            break
+        found.add(parent)
+        current = parent
+    return frozenset(found)
+
+
 def is_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     fields = _stat_fields(Path(f"/proc/{pid}/stat"))

@@ -12,10 +12,14 @@ Who may answer a rank: only its own host's `train`. The socket lives in a direct
 itself, owned by its user with mode 0700, under /run for root (a directory only root may write) or /tmp
 otherwise, named after the user and the job's port; `train` writes its pid there. A rank trusts the
 directory only if it has exactly that owner and mode, and the answer only if the server's credentials
-(SO_PEERCRED) are its own uid and the pid written there. A squatter of another user cannot create or enter the
-directory; one that created it first is refused by name, by `train` and by the rank alike. The server answers
-only processes of its own uid. Nothing is written but the socket and the pid, and all of it is removed when
-`train` exits.
+(SO_PEERCRED) are its own uid and the pid written there, and that pid is one of the rank's own ancestors (the
+`train` that started it: `train` is a child subreaper, so its ranks stay below it on every host). A squatter
+of another user cannot create or enter the directory; one that created it first is refused by name, by
+`train` and by the rank alike; a process of the same user that is not the rank's `train` is refused by pid.
+The server answers only processes of its own uid, each without waiting for another (a client that does not
+read is dropped after SEND_TIMEOUT). Nothing is written but the sockets and the pid, and all of it is removed
+when `train` exits. A worker's link socket (the leader's relay connects to it: link.py, roles/worker.py)
+lives in the same directory and is trusted the same way.
 
 A rank started by mpirun under `train` (SERVED set) must get its host's environment: it retries within a
 deadline (a loaded host may be slow to accept) and, if there is none, fails with one line. It never runs
@@ -28,11 +32,13 @@ import contextlib
 import json
 import os
 import secrets
+import selectors
 import socket
 import stat
 import struct
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 from smhvd.environment import HOST_KEYS
@@ -44,8 +50,12 @@ from smhvd.wire import SERVED
 FETCH_TIMEOUT = 60.0
 BACKLOG = 4096  # every rank of a large host may ask at the same moment (the kernel caps it at somaxconn)
 _MAX_BYTES = 64 * 1024 * 1024
+SEND_TIMEOUT = 10.0  # a client that takes nothing of its answer for this long is dropped
+MAX_PENDING = 1024  # answers being sent at once; more connections wait in the listen queue
 SOCKET = "env.sock"
+LINK_SOCKET = "link.sock"  # a worker's: the leader's link relay connects here (roles/worker.py, link.py)
 PID_FILE = "train.pid"
+_OWN_NAMES = (SOCKET, LINK_SOCKET, PID_FILE, PID_FILE + ".tmp")  # all this module ever writes there
 
 
 def directory(name: str | int, uid: int | None = None) -> Path:
@@ -99,11 +109,23 @@ def private_dir_problem(path: Path, uid: int) -> str | None:
 
 
 def read_pid(path: Path) -> int | None:
+    """The pid `train` wrote to `path`; None when there is none yet. ValueError when the file is there but
+    holds no pid, or is not a regular file (a FIFO would block its reader forever)."""
     try:
-        text = path.read_text()
-    except (FileNotFoundError, UnicodeDecodeError):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
-    return int(text) if text.strip().isdigit() and len(text) < 16 else None
+    except OSError as exc:  # ELOOP: a symlink
+        raise ValueError(f"{path} cannot be read: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        text = os.read(fd, 32).strip()
+    finally:
+        os.close(fd)
+    if not (text.isdigit() and 0 < len(text) <= 10 and int(text) > 0):
+        raise ValueError(f"{path} holds no pid")
+    return int(text)
 
 
 def _claim(path: Path) -> None:
@@ -118,11 +140,19 @@ def _claim(path: Path) -> None:
     problem = private_dir_problem(path, uid)
     if problem:
         raise HostEnvError(f"cannot serve this host's environment to its ranks: {problem}")
-    pid = read_pid(path / PID_FILE)
+    try:
+        pid = read_pid(path / PID_FILE)
+    except ValueError:
+        pid = None  # not written by a train: nobody's
     if pid is not None and pid != os.getpid() and is_alive(pid):
         raise HostEnvError(f"cannot serve this host's environment: {path} is in use by pid {pid}"[:300])
-    for name in (SOCKET, PID_FILE):
-        (path / name).unlink(missing_ok=True)
+    _remove_own(path)
+
+
+def _remove_own(path: Path) -> None:
+    for name in _OWN_NAMES:
+        with contextlib.suppress(IsADirectoryError):  # not ours: the directory is then left in place
+            (path / name).unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -131,40 +161,109 @@ def serving(path: Path, env: Mapping[str, str]) -> Iterator[None]:
     payload = json.dumps(dict(env)).encode()
     _claim(path)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stop = threading.Event()
+    wake_r, wake_w = socket.socketpair()
     thread = None
     try:
         server.bind(str(path / SOCKET))
         server.listen(BACKLOG)
+        server.setblocking(False)
         pid_tmp = path / f"{PID_FILE}.tmp"
         pid_tmp.write_text(str(os.getpid()))
         pid_tmp.replace(path / PID_FILE)  # written whole: a rank never reads half a pid
-
-        def answer() -> None:
-            while not stop.is_set():
-                try:
-                    conn, _ = server.accept()
-                except OSError:  # closed: the job is over
-                    return
-                with conn:
-                    if peer_credentials(conn)[1] == os.geteuid():
-                        with contextlib.suppress(OSError):
-                            conn.sendall(payload)
-
-        thread = threading.Thread(target=answer, name="smhvd-hostenv", daemon=True)
+        thread = threading.Thread(
+            target=_answer_all, args=(server, payload, wake_r), name="smhvd-hostenv", daemon=True
+        )
         thread.start()
         yield
     finally:
-        stop.set()
         with contextlib.suppress(OSError):
-            server.shutdown(socket.SHUT_RDWR)
-        server.close()
+            wake_w.send(b"x")
         if thread is not None:
             thread.join(timeout=2)
-        for name in (SOCKET, PID_FILE):
-            (path / name).unlink(missing_ok=True)
+        server.close()
+        wake_r.close()
+        wake_w.close()
+        _remove_own(path)
         with contextlib.suppress(OSError):
             path.rmdir()
+
+
+def _answer_all(server: socket.socket, payload: bytes, wake: socket.socket) -> None:
+    """Send `payload` to every connection of this user, none waiting for another: each answer goes out in
+    non-blocking writes, and a client that takes nothing for SEND_TIMEOUT is dropped. Ends when `wake` is
+    readable."""
+    with selectors.DefaultSelector() as sel:
+        answers = _Answers(sel, payload)
+        sel.register(server, selectors.EVENT_READ)
+        sel.register(wake, selectors.EVENT_READ)
+        accepting = True
+        while True:
+            timeout = answers.drop_late()
+            if accepting != (len(answers.pending) < MAX_PENDING):  # the rest wait in the listen queue
+                accepting = not accepting
+                if accepting:
+                    sel.register(server, selectors.EVENT_READ)
+                else:
+                    sel.unregister(server)
+            for key, _ in sel.select(timeout):
+                if key.fileobj is wake:
+                    answers.drop_all()
+                    return
+                if key.fileobj is server:
+                    answers.accept(server)
+                elif isinstance(key.fileobj, socket.socket):
+                    answers.send(key.fileobj)
+
+
+class _Answers:
+    """The answers being sent: what is left of each, and until when its client may take nothing."""
+
+    def __init__(self, sel: selectors.BaseSelector, payload: bytes) -> None:
+        self.sel = sel
+        self.payload = payload
+        self.pending: dict[socket.socket, tuple[memoryview, float]] = {}
+
+    def accept(self, server: socket.socket) -> None:
+        try:
+            conn, _ = server.accept()
+        except OSError:  # BlockingIOError: taken already; EMFILE: the next round tries again
+            return
+        if peer_credentials(conn)[1] != os.geteuid():
+            conn.close()
+            return
+        conn.setblocking(False)
+        self.pending[conn] = (memoryview(self.payload), time.monotonic() + SEND_TIMEOUT)
+        self.sel.register(conn, selectors.EVENT_WRITE)
+
+    def send(self, conn: socket.socket) -> None:
+        view, _ = self.pending[conn]
+        try:
+            sent = conn.send(view)
+        except BlockingIOError:
+            return
+        except OSError:  # the client hung up
+            sent = len(view)
+        if sent == len(view):
+            self.drop(conn)
+        else:
+            self.pending[conn] = (view[sent:], time.monotonic() + SEND_TIMEOUT)
+
+    def drop(self, conn: socket.socket) -> None:
+        self.sel.unregister(conn)
+        del self.pending[conn]
+        conn.close()
+
+    def drop_late(self) -> float:
+        """Drop the clients past their deadline; how long until the next deadline (at most a minute)."""
+        now = time.monotonic()
+        for conn, (_, deadline) in list(self.pending.items()):
+            if deadline <= now:
+                self.drop(conn)
+        return max(0.0, min((d for _, d in self.pending.values()), default=now + 60) - now)
+
+    def drop_all(self) -> None:
+        for conn in list(self.pending):
+            self.drop(conn)
 
 
 def _parse(data: bytes) -> dict[str, str] | None:
@@ -174,36 +273,66 @@ def _parse(data: bytes) -> dict[str, str] | None:
         return None
     if not isinstance(env, dict):
         return None
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        return None
+    for name, value in env.items():  # what a process environment can hold
+        if not isinstance(name, str) or not isinstance(value, str):
+            return None
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            return None
     return env
 
 
-def fetch_once(path: Path, timeout: float) -> dict[str, str]:
-    """One attempt: NotYet while the server is not (yet) there or too busy; HostEnvError for anything that
-    must not be trusted."""
+def connect_trusted(
+    path: Path, name: str, timeout: float, ancestors: Collection[int] | None, what: str
+) -> socket.socket:
+    """A connection to the socket `name` in `train`'s private directory `path`, made only when the directory
+    is this user's alone and the other end is the `train` whose pid is written there (and, given `ancestors`,
+    one of them). NotYet while the server is not (yet) there or too busy; HostEnvError for anything that must
+    not be trusted. `what` names the socket in messages."""
     uid = os.geteuid()
     try:
         problem = private_dir_problem(path, uid)
     except FileNotFoundError:
         raise NotYet(f"{path} does not exist") from None
     if problem:
-        raise HostEnvError(f"this host's environment is not trusted: {problem}")
-    pid = read_pid(path / PID_FILE)
+        raise HostEnvError(f"{what} is not trusted: {problem}")
+    try:
+        pid = read_pid(path / PID_FILE)
+    except ValueError as exc:
+        raise HostEnvError(f"{what} is not trusted: {exc}") from None
     if pid is None:
         raise NotYet(f"no {PID_FILE} in {path} yet")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(timeout)
-        try:
-            conn.connect(str(path / SOCKET))
-        except (FileNotFoundError, ConnectionRefusedError, BlockingIOError, TimeoutError) as exc:
-            raise NotYet(f"connect: {exc}") from None
-        peer_pid, peer_uid = peer_credentials(conn)
-        if peer_uid != uid or peer_pid != pid:
-            raise HostEnvError(
-                f"this host's environment was answered by pid {peer_pid} (uid {peer_uid}), not by its train "
-                f"(pid {pid}, uid {uid}): refused"
-            )
+    if ancestors is not None and pid not in ancestors:
+        raise HostEnvError(f"{what} is served by pid {pid}, which did not start this process: refused")
+    conn = _connect(path / name, timeout, what)
+    peer_pid, peer_uid = peer_credentials(conn)
+    if peer_uid != uid or peer_pid != pid:
+        conn.close()
+        raise HostEnvError(
+            f"{what} was answered by pid {peer_pid} (uid {peer_uid}), not by its train "
+            f"(pid {pid}, uid {uid}): refused"
+        )
+    return conn
+
+
+def _connect(path: Path, timeout: float, what: str) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(timeout)
+    try:
+        conn.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError, BlockingIOError, TimeoutError) as exc:
+        conn.close()
+        raise NotYet(f"connect: {exc}") from None
+    except OSError as exc:  # not a socket at all, ...
+        conn.close()
+        raise HostEnvError(f"{what} is not trusted: {path}: {exc.strerror}") from None
+    return conn
+
+
+def fetch_once(path: Path, timeout: float, ancestors: Collection[int] | None = None) -> dict[str, str]:
+    """One attempt: NotYet while the server is not (yet) there or too busy; HostEnvError for anything that
+    must not be trusted."""
+    what = "this host's environment"
+    with connect_trusted(path, SOCKET, timeout, ancestors, what) as conn:
         chunks: list[bytes] = []
         size = 0
         try:
@@ -211,23 +340,28 @@ def fetch_once(path: Path, timeout: float) -> dict[str, str]:
                 chunks.append(chunk)
                 size += len(chunk)
                 if size > _MAX_BYTES:
-                    raise HostEnvError(f"this host's environment is larger than {_MAX_BYTES} bytes: refused")
+                    raise HostEnvError(f"{what} is larger than {_MAX_BYTES} bytes: refused")
         except TimeoutError:
             raise NotYet("the answer did not come in time") from None
+        except ConnectionResetError:
+            raise NotYet("the answer was cut short") from None
     env = _parse(b"".join(chunks))
     if env is None:
-        raise HostEnvError(f"this host's train (pid {pid}) answered something other than an environment")
+        raise HostEnvError(f"this host's train ({path}) answered something other than an environment")
     return env
 
 
-def fetch(path: Path, timeout: float | None = None) -> dict[str, str]:
+def fetch(
+    path: Path, timeout: float | None = None, ancestors: Collection[int] | None = None
+) -> dict[str, str]:
     """This host's environment from its `train` serving in `path`, retried until `timeout` (default:
-    SMHVD_HOSTENV_TIMEOUT, else FETCH_TIMEOUT seconds); HostEnvError if it cannot be had."""
+    SMHVD_HOSTENV_TIMEOUT, else FETCH_TIMEOUT seconds); HostEnvError if it cannot be had. A rank passes its
+    `ancestors`: only the train that started it may answer."""
     if timeout is None:
         raw = os.environ.get("SMHVD_HOSTENV_TIMEOUT", "")
         timeout = float(raw) if raw.replace(".", "", 1).isdigit() else FETCH_TIMEOUT
     return wait_until(
-        lambda: fetch_once(path, min(timeout, 5.0)),
+        lambda: fetch_once(path, min(timeout, 5.0), ancestors),
         what=f"this host's environment from its train ({path / SOCKET})",
         timeout=timeout,
         error=HostEnvError,

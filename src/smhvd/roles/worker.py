@@ -16,13 +16,13 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from smhvd import wire
 from smhvd.config.job import Job
-from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, PeerError
+from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, HostEnvError, PeerError
 from smhvd.mpi.supervisor import stop_local_ranks
 from smhvd.proc.processes import die_with_parent, kill_descendants
 from smhvd.proc.signals import SignalWatch
@@ -41,16 +41,23 @@ class Verdict:
     reason: str
 
 
-def listen(port: int) -> socket.socket:
+@contextlib.contextmanager
+def listening(place: Path) -> Iterator[socket.socket]:
+    """The link socket the leader's relay connects to, in this `train`'s private directory (claimed by
+    hostenv.serving: another user cannot reach it, and a second `train` for the port is refused there)."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = place / hostenv.LINK_SOCKET
     try:
-        server.bind(wire.link_socket_name(port))
-    except OSError:
+        try:
+            server.bind(str(path))
+        except OSError as exc:
+            raise HostEnvError(f"cannot wait for the leader: {path}: {exc.strerror}") from None
+        server.listen(16)
+        server.setblocking(False)
+        yield server
+    finally:
         server.close()
-        raise PeerError(f"another launcher already serves port {port} on this host") from None
-    server.listen(16)
-    server.setblocking(False)
-    return server
+        path.unlink(missing_ok=True)
 
 
 def _same_user(conn: socket.socket) -> bool:
@@ -250,8 +257,9 @@ def run_worker(
     leader = job.leader
     host = job.resources.current_host
     with SignalWatch() as watch, contextlib.ExitStack() as stack:
-        server = listen(port)
-        stack.enter_context(hostenv.serving(hostenv.directory(port), rank_env))
+        place = hostenv.directory(port)
+        stack.enter_context(hostenv.serving(place, rank_env))
+        server = stack.enter_context(listening(place))
         sshd = start_sshd(run_dir, port)
         script = OutsideScript(outside[0], rank_env, outside[1], host) if outside else None
         log.info(
@@ -274,7 +282,6 @@ def run_worker(
             if script:
                 script.stop()
         finally:
-            server.close()
             sshd.terminate()
             sshd.wait()
             kill_descendants()
