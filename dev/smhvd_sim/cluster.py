@@ -17,7 +17,7 @@ from types import FrameType, TracebackType
 from typing import TextIO
 
 from smhvd.proc import processes
-from smhvd_sim import accounting, registry
+from smhvd_sim import accounting, procfs, registry
 from smhvd_sim.host import HostLayout, SimHost
 from smhvd_sim.hosttrees import write_host_tree
 from smhvd_sim.jobs import Fault, HostProcess, HostResult, await_hosts
@@ -311,7 +311,7 @@ class Cluster:
         found = [
             f"process {pid} ({' '.join(processes.cmdline(pid))[:60]})"
             for pid in list(processes.read_process_table())
-            if processes.namespace_id(pid, "net") in self._net_namespaces
+            if procfs.namespace_id(pid, "net") in self._net_namespaces
         ]
         found += [
             f"link {link.name}"

@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from smhvd.proc import processes
-from smhvd_sim import accounting
+from smhvd_sim import accounting, procfs
 from smhvd_sim.spec import INTERFACE, HostAddress
 from smhvd_sim.system import ClusterError, run, wait_for
 
@@ -94,8 +93,8 @@ class SimHost:
         self.name = address.name
         self._anchor = anchor
         self.init_pid = init_pid
-        self.pid_namespace = processes.namespace_id(init_pid, "pid")
-        self.net_namespace = processes.namespace_id(init_pid, "net")
+        self.pid_namespace = procfs.namespace_id(init_pid, "pid")
+        self.net_namespace = procfs.namespace_id(init_pid, "net")
         self.cpu_group: Path | None = None  # commands join it first (accounting.py), when the cluster has one
 
     @classmethod
@@ -182,7 +181,7 @@ class SimHost:
         """Host pids of every process in this host except its PID 1."""
         if self.pid_namespace is None:
             return []
-        return [pid for pid in processes.pids_in_namespace("pid", self.pid_namespace) if pid != self.init_pid]
+        return [pid for pid in procfs.pids_in_namespace("pid", self.pid_namespace) if pid != self.init_pid]
 
     def kill_processes(self, signum: int = signal.SIGKILL) -> list[int]:
         """Send ``signum`` to every process of the host (the host stays up, as after an OOM kill)."""
@@ -222,7 +221,7 @@ def _close_streams(anchor: subprocess.Popen[bytes]) -> None:
 
 
 def _children(pid: int) -> list[int] | None:
-    return processes.children_of(pid) or None
+    return procfs.children_of(pid) or None
 
 
 def _wait_ready(anchor: subprocess.Popen[bytes], host: str, deadline: float, timeout: float) -> None:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TextIO
 
-from smhvd.proc.processes import children_of, cmdline, is_alive
+from smhvd.proc.processes import cmdline, is_alive
 from smhvd_sim.host import SimHost
+from smhvd_sim.procfs import children_of
 from smhvd_sim.system import ClusterError, wait_for
 
 FaultKind = Literal["term", "int", "kill", "link-down", "stop"]

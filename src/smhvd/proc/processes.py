@@ -120,24 +120,6 @@ def is_alive(pid: int) -> bool:
     return bool(fields) and fields[0] != "Z"
 
 
-def children_of(pid: int) -> list[int]:
-    """Direct children of `pid` (a kernel may lack /proc/PID/task/TID/children, so the table is scanned)."""
-    return sorted(child for child, (ppid, _) in read_process_table().items() if ppid == pid)
-
-
-def namespace_id(pid: int, kind: str) -> int | None:
-    """The inode naming the `kind` namespace ("net", "pid", ...) of `pid`; None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/ns/{kind}").stat().st_ino
-    except OSError:
-        return None
-
-
-def pids_in_namespace(kind: str, ns_id: int) -> list[int]:
-    """Processes whose `kind` namespace is `ns_id`."""
-    return sorted(pid for pid in read_process_table() if namespace_id(pid, kind) == ns_id)
-
-
 def reap_orphans(keep: Iterable[int]) -> list[int]:
     """Reap zombie children that are not ours to wait for (re-parented orphans). Returns the reaped pids."""
     keep_set = set(keep)
