@@ -19,6 +19,11 @@ EX_NOT_STARTED = 127  # a rank's program could not be started (not found, not ex
 EX_STOPPED = 128 + 15  # stopped by SIGTERM (how SageMaker stops a job)
 
 
+def exit_status(returncode: int) -> int:
+    """A child's exit as a shell reports it: its code, or 128+N when signal N ended it (Popen's -N). Pure."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
 class LauncherError(Exception):
     """An error the launcher reports as one line, with a distinct exit code."""
 

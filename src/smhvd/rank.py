@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping, MutableMapping
 
-from smhvd.errors import EX_NOT_STARTED, EX_UNAVAILABLE, EX_USAGE, LauncherError
+from smhvd.errors import EX_NOT_STARTED, EX_UNAVAILABLE, EX_USAGE, LauncherError, exit_status
 from smhvd.proc.lines import LineWriter, tag, write_paced
 from smhvd.proc.processes import (
     ancestors,
@@ -181,7 +181,7 @@ def run(program: list[str]) -> int:
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
-    return code if code > 0 else 128 - code
+    return exit_status(code)
 
 
 def program_argv(args: list[str], env: MutableMapping[str, str]) -> list[str]:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from smhvd.config.sagemaker_files import shown_key
+from smhvd.config.sagemaker_files import optional_str, shown_key
 from smhvd.errors import ConfigError
 
 SOURCE = "hyperparameters.json"
@@ -212,12 +212,7 @@ def _default_names(hps: Mapping[str, object], key: str) -> frozenset[str]:
 
 
 def _str(hps: Mapping[str, object], key: str) -> str | None:
-    value = hps.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ConfigError(SOURCE, key, "a non-empty string", value)
-    return value
+    return optional_str(hps, key, SOURCE)
 
 
 def split_mpi_options(text: object, key: str = "sagemaker_mpi_custom_mpi_options") -> tuple[str, ...]:

@@ -136,12 +136,17 @@ def _host_list(value: object, source: str, key: str) -> tuple[str, ...]:
     return hosts
 
 
-def _optional_str(data: Mapping[str, object], key: str, source: str) -> str | None:
+def optional_str(
+    data: Mapping[str, object], key: str, source: str, *, empty_is_none: bool = False
+) -> str | None:
+    """The string at `key`, None when absent or null. An empty string is refused, or (empty_is_none: SDK v3's
+    files write "" for a field not set) taken as None."""
     value = data.get(key)
-    if value is None:
+    if value is None or (empty_is_none and value == ""):
         return None
     if not isinstance(value, str) or not value:
-        raise ConfigError(source, key, "a non-empty string", value)
+        expected = "a string or null" if empty_is_none else "a non-empty string"
+        raise ConfigError(source, key, expected, value)
     return value
 
 
@@ -166,8 +171,8 @@ def parse_resource_config(data: object, source: str = "resourceconfig.json") -> 
     return ResourceConfig(
         current_host=current,
         hosts=tuple(sorted(hosts)),
-        network_interface_name=_optional_str(obj, "network_interface_name", source),
-        current_instance_type=_optional_str(obj, "current_instance_type", source),
+        network_interface_name=optional_str(obj, "network_interface_name", source),
+        current_instance_type=optional_str(obj, "current_instance_type", source),
         instance_groups=groups,
     )
 
@@ -181,8 +186,8 @@ def _instance_groups(value: object, hosts: tuple[str, ...], source: str) -> tupl
     for i, item in enumerate(value):
         key = f"instance_groups[{i}]"
         group = _object(item, f"{source}: {key}")
-        name = _optional_str(group, "instance_group_name", f"{source}: {key}") or ""
-        itype = _optional_str(group, "instance_type", f"{source}: {key}") or ""
+        name = optional_str(group, "instance_group_name", f"{source}: {key}") or ""
+        itype = optional_str(group, "instance_type", f"{source}: {key}") or ""
         members = _host_list(group.get("hosts"), source, f"{key}.hosts")
         stray = [h for h in members if h not in hosts]
         if stray:
@@ -211,9 +216,9 @@ def parse_input_data_config(data: object, source: str = "inputdataconfig.json") 
         channels.append(
             Channel(
                 name=name,
-                content_type=_optional_str(spec, "ContentType", source),
+                content_type=optional_str(spec, "ContentType", source),
                 input_mode=str(mode),
-                distribution=_optional_str(spec, "S3DistributionType", source),
+                distribution=optional_str(spec, "S3DistributionType", source),
                 raw=dict(spec),
             )
         )

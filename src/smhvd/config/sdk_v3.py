@@ -35,7 +35,7 @@ from smhvd.config.hyperparameters import MAX_TOTAL_BYTES, carriable, option_args
 from smhvd.config.job import Job
 from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, CodeOrigin
 from smhvd.config.paths import SageMakerPaths
-from smhvd.config.sagemaker_files import check_path, read_json
+from smhvd.config.sagemaker_files import check_path, optional_str, read_json
 from smhvd.errors import ConfigError
 
 log = logging.getLogger("smhvd")
@@ -96,12 +96,7 @@ class V3Job:
 
 
 def _optional_str(data: Mapping[str, object], key: str, source: str) -> str | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ConfigError(source, key, "a string or null", value)
-    return value or None
+    return optional_str(data, key, source, empty_is_none=True)
 
 
 def _relative_path(data: Mapping[str, object], key: str, source: str) -> str | None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from smhvd.errors import EX_MPI_ABORT
+from smhvd.errors import EX_MPI_ABORT, exit_status
 from smhvd.mpi.output import StderrFilter
 from smhvd.proc.lines import write_all
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_rank_wrapper, signal_pids
@@ -135,7 +135,7 @@ def supervise(
             watch.__exit__(None, None, None)
     if hung.ended:
         return Outcome(exit_code=EX_MPI_ABORT, output=output, stopped=stopped, ended_hung_abort=True)
-    return Outcome(exit_code=code if code >= 0 else 128 - code, output=output, stopped=stopped)
+    return Outcome(exit_code=exit_status(code), output=output, stopped=stopped)
 
 
 def _on_signals(

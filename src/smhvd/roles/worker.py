@@ -13,7 +13,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from smhvd import wire
 from smhvd.config.job import Job
-from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, HostEnvError, PeerError
+from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, HostEnvError, PeerError, exit_status
 from smhvd.mpi.supervisor import stop_local_ranks
 from smhvd.proc.processes import die_with_parent, kill_descendants
 from smhvd.proc.signals import SignalWatch
@@ -58,12 +57,6 @@ def listening(place: Path) -> Iterator[socket.socket]:
     finally:
         server.close()
         path.unlink(missing_ok=True)
-
-
-def _same_user(conn: socket.socket) -> bool:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", creds)
-    return bool(uid == os.getuid())
 
 
 class LinkWaiter:
@@ -128,7 +121,7 @@ class LinkWaiter:
     def _handle(self, obj: object, sel: selectors.BaseSelector, keep: list[int]) -> Verdict | None:
         if obj is self.server:
             conn, _ = self.server.accept()
-            if _same_user(conn):
+            if hostenv.peer_credentials(conn)[1] == os.geteuid():
                 log.debug("link from the leader connected")
                 conn.setblocking(False)
                 self.buffers[conn] = b""
@@ -232,7 +225,7 @@ class OutsideScript:
         if code == 0:
             log.info("the script finished on %s; waiting for the MPI job to end", self.host)
             return None
-        code = code if code > 0 else 128 - code
+        code = exit_status(code)
         return Verdict(
             code, f"the script on {self.host} (outside the MPI instance groups) exited with code {code}"
         )
