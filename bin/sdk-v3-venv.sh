@@ -19,22 +19,9 @@ USAGE
 SAGEMAKER_VERSION=3.27.0
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-dir=""
-install=0
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --install) install=1 ;;
-    -h|--help) usage; exit 0 ;;
-    -*) usage >&2; echo "sdk-v3-venv.sh: unknown option '$1'" >&2; exit 2 ;;
-    *) dir=$1 ;;
-  esac
-  shift
-done
-dir=${dir:-$repo/build/sdk}
-mkdir -p "$dir"
-dir=$(cd "$dir" && pwd)
-venv=$dir/v3
 # shellcheck source=bin/lib/pinned-venv.sh
 . "$repo/bin/lib/pinned-venv.sh"
+venv_args sdk-v3-venv.sh "$repo" "$@"
+venv=$dir/v3
 pinned_venv sdk-v3-venv.sh "$install" "$venv" "sagemaker==$SAGEMAKER_VERSION"
 echo "PYTHON=$venv/bin/python"

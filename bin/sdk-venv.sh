@@ -24,23 +24,11 @@ SAGEMAKER_VERSION=2.257.7
 PODMAN_COMPOSE_VERSION=1.6.0
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-dir=""
-install=0
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --install) install=1 ;;
-    -h|--help) usage; exit 0 ;;
-    -*) usage >&2; echo "sdk-venv.sh: unknown option '$1'" >&2; exit 2 ;;
-    *) dir=$1 ;;
-  esac
-  shift
-done
-dir=${dir:-$repo/build/sdk}
-mkdir -p "$dir/bin"
-dir=$(cd "$dir" && pwd)
-venv=$dir/v2
 # shellcheck source=bin/lib/pinned-venv.sh
 . "$repo/bin/lib/pinned-venv.sh"
+venv_args sdk-venv.sh "$repo" "$@"
+mkdir -p "$dir/bin"
+venv=$dir/v2
 pinned_venv sdk-venv.sh "$install" "$venv" "sagemaker==$SAGEMAKER_VERSION" "podman-compose==$PODMAN_COMPOSE_VERSION"
 
 # The shims carry the daemonless environment themselves: the SDK runs them without passing ours along

@@ -1,6 +1,27 @@
 # shellcheck shell=bash
-# Sourced by bin/sdk-venv.sh and bin/sdk-v3-venv.sh: a venv holding exactly the pinned packages, rebuilt only
-# when the pins change (a stamp file names them).
+# Sourced by bin/sdk-venv.sh and bin/sdk-v3-venv.sh: their command line, and a venv holding exactly the pinned
+# packages, rebuilt only when the pins change (a stamp file names them).
+
+# venv_args NAME REPO ARG...: the scripts' one command line, `[--install] [DIR]`. Sets `install` (1 with
+# --install) and `dir` (DIR, default REPO/build/sdk; made, and absolute). -h prints the caller's usage.
+venv_args() {
+  local name=$1 repo=$2
+  shift 2
+  dir=""
+  install=0
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --install) install=1 ;;
+      -h|--help) usage; exit 0 ;;
+      -*) usage >&2; echo "$name: unknown option '$1'" >&2; exit 2 ;;
+      *) dir=$1 ;;
+    esac
+    shift
+  done
+  dir=${dir:-$repo/build/sdk}
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+}
 
 # pinned_venv NAME INSTALL VENV PACKAGE==VERSION...   (INSTALL=1: apt-get install python3-venv when missing)
 pinned_venv() {
