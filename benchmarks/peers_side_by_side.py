@@ -6,9 +6,11 @@ stock sagemaker-training toolkit's MPI runner (`train` on every host). Needs roo
 Rows (medians over --repeats runs, each row's runs interleaved across the launchers):
   start -> first rank running (s): from the launcher's start (the first host's `train`, or `horovodrun`) to
     the first rank's first line of Python;
-  job end -> last host exit (s): from the last rank's end to the last launcher process's exit on any host. For
-    horovodrun (one process, on algo-1) this is script end -> horovodrun exit, or the end of what it left on
-    algo-2 (orted, ssh sessions) if that is later;
+  job end -> last launcher process exited (s): from the last rank's end to the last launcher process's exit
+    on any host. For horovodrun (one process, on algo-1) this is script end -> horovodrun exit, or the end of
+    what it left on algo-2 (orted, ssh sessions) if that is later;
+  job end -> each host's launcher exit (s): the same per host, the median over the hosts of each run, for the
+    launchers that run on every host (ours, the toolkit); n/a for horovodrun, which has no per-host process;
   rank crash -> all hosts exited (s): a rank on the worker host exits 3 one second after it starts (the others
     would sleep 300 s); from the crash to the exit of every launcher process on every host, and the exit code
     each launcher reports (per host for the SageMaker launchers). The worker is algo-2 for ours and
@@ -19,10 +21,11 @@ Rows (medians over --repeats runs, each row's runs interleaved across the launch
     algo-1 alone and 2 hosts x 1;
   allreduce bus bandwidth: hvd.allreduce of float32 tensors of 4 KiB, 1 MiB, 64 MiB between 2 hosts x 1 rank,
     median time of N repeats after warmup, bus bandwidth = 2 (n-1)/n x bytes / time.
-Every row also gets its ratio to the best peer, oriented so that > 1 is better than the best peer (time rows:
-best peer's time / ours; rate rows: ours / best peer's), and the 1-minute load average over its runs.
+Every cell is the median (min-max) n=runs; every row also gets its ratio to the best peer from the medians,
+oriented so that > 1 is better than the best peer (time rows: best peer's time / ours; rate rows: ours / best
+peer's), and the 1-minute load average over its runs.
 
-    .venv/bin/python benchmarks/peers_side_by_side.py [--repeats 3] [--toolkit-repeats 1] [--heavy-repeats 1]
+    .venv/bin/python benchmarks/peers_side_by_side.py [--repeats 3] [--toolkit-repeats 3] [--heavy-repeats 3]
         [--epochs 3] [--steps 50] [--launchers ...] [--only timing,mnist,allreduce] [--keep]
 """
 
@@ -31,145 +34,45 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
-import signal
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster_common import SSHD_CONFIG, TOOLKIT_TRAIN, rank_times, reset_outputs, say, table, write_job
+from cluster_common import (
+    SSHD_CONFIG,
+    TOOLKIT_TRAIN,
+    Run,
+    configure,
+    finite,
+    median_of,
+    rank_times,
+    reset_outputs,
+    run_horovodrun,
+    run_sagemaker,
+    say,
+    table,
+    write_job,
+)
 from mnist_measure import PROGRAM as MNIST_PROGRAM
 from mnist_measure import code_dir as mnist_code_dir
 
-from smhvd_dev.mltree import resource_config
 from smhvd_sim import Cluster, ClusterError, ClusterSpec
-from smhvd_sim.jobs import HostProcess
-from smhvd_sim.system import wait_for
 
-PYTHON = sys.executable  # the same interpreter (venv) on every host
 OURS, HVD_MPI, HVD_GLOO, TOOLKIT = "ours", "horovodrun (MPI)", "horovodrun --gloo", "toolkit 4.9.0"
 LAUNCHERS = (OURS, HVD_MPI, HVD_GLOO, TOOLKIT)
 PEERS = (HVD_MPI, HVD_GLOO, TOOLKIT)
 SIZES = (("4 KiB", 4 * 1024, 200), ("1 MiB", 1024 * 1024, 50), ("64 MiB", 64 * 1024 * 1024, 8))
 
-# The job every launcher runs for the timing and allreduce rows: cluster_common.JOB_SCRIPT (bench_job.py).
-
-# horovodrun needs an sshd on algo-2 (ours starts its own; the toolkit starts the system one): a test sshd
-# with every setting on its command line (as tests/cluster/helpers.py starts it).
-TEST_SSHD = [
-    "/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config", "-o", "PidFile=/run/peers-sshd.pid",
-]  # fmt: skip
-
-
-@dataclass
-class Run:
-    """One launcher's run: per-host exit codes and the times the rows need (epoch seconds)."""
-
-    started: float
-    ended: float  # the last launcher process's exit on any host
-    exits: dict[str, int | None]
-    timed_out: bool = False
-    notes: list[str] = field(default_factory=list)
+# The job every launcher runs for the timing and allreduce rows: cluster_common.JOB_SCRIPT (bench_job.py);
+# configuring the hosts and running each launcher: cluster_common (shared with scale_launchers.py).
 
 
 def loadavg() -> float:
     return os.getloadavg()[0]
-
-
-# ----- configuring the hosts -----
-def configure(cluster: Cluster, hosts: int, per_host: int, program: str, args: dict[str, str]) -> None:
-    """resourceconfig.json (naming the first ``hosts`` hosts) and hyperparameters.json on every host."""
-    names = cluster.spec.host_names[:hosts]
-    for host in cluster.spec.host_names:
-        config = cluster.ml_dir(host) / "input" / "config"
-        resource = resource_config(host, names if host in names else cluster.spec.host_names, "ml.c5.xlarge")
-        (config / "resourceconfig.json").write_text(json.dumps(resource))
-        hyperparameters = {
-            "sagemaker_program": json.dumps(program),
-            "sagemaker_submit_directory": json.dumps("/opt/ml/code"),
-            "sagemaker_mpi_enabled": "true",
-            "sagemaker_mpi_num_of_processes_per_host": str(per_host),
-            "sagemaker_region": json.dumps("us-east-1"),
-            **{key: json.dumps(value) for key, value in args.items()},
-        }
-        (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
-
-
-# ----- running each launcher -----
-def run_sagemaker(cluster: Cluster, argv: list[str], hosts: int, timeout: float) -> Run:
-    """`train` on every host of the job at once, as SageMaker starts it."""
-    down = cluster.spec.host_names[hosts:]
-    results = cluster.run(argv, down=down, timeout=timeout, grace=5.0)
-    up = [results[host] for host in cluster.spec.host_names[:hosts]]
-    run = Run(
-        started=min(r.started for r in up),
-        ended=max((r.ended or float("nan")) for r in up),
-        exits={r.host: r.exit_code for r in up},
-        timed_out=any(r.timed_out for r in up),
-    )
-    run.notes += [f"{r.host} left: {'; '.join(c[:80] for c in r.left_running)}" for r in up if r.left_running]
-    return run
-
-
-def start_test_sshd(cluster: Cluster, host: str) -> HostProcess:
-    process = cluster.start(host, TEST_SSHD, log=cluster.host_dir(host) / "peers-sshd.log")
-    wait_for(
-        lambda: True if cluster.exec(host, ["test", "-s", "/run/peers-sshd.pid"])[0] == 0 else None,
-        f"sshd on {host} to listen",
-        15.0,
-    )
-    return process
-
-
-def run_horovodrun(
-    cluster: Cluster, gloo: bool, hosts: int, script: list[str], timeout: float, tag: str
-) -> Run:
-    """horovodrun from algo-1 with its defaults: -np 2 (-H algo-1:1,algo-2:1 across hosts)."""
-    argv = ["horovodrun", "-np", "2"]
-    if hosts > 1:
-        argv += ["-H", "algo-1:1,algo-2:1"]
-    if gloo:
-        argv.append("--gloo")
-    argv += [PYTHON, *script]
-    sshd = start_test_sshd(cluster, "algo-2") if hosts > 1 else None
-    try:
-        log = cluster.host_dir("algo-1") / f"horovodrun-{tag}.log"
-        process = cluster.start("algo-1", argv, log=log, end_host_on_exit=True)
-        try:
-            code = process.wait(timeout)
-            timed_out = False
-        except ClusterError:
-            cluster.host("algo-1").kill_processes()
-            code = process.wait(10.0)
-            timed_out = True
-        process.finish_output()
-        run = Run(started=process.started, ended=process.ended or time.time(), exits={"algo-1": code})
-        run.timed_out = timed_out
-        if process.left_running:
-            run.notes.append(f"algo-1 left: {'; '.join(c[:80] for c in process.left_running)}")
-        if sshd is not None:
-            # What horovodrun started on algo-2 (ssh sessions, orted, ranks) must be gone too.
-            listener = sshd.target_pid()
-            host = cluster.host("algo-2")
-            others = lambda: [pid for pid in host.processes() if pid != listener]  # noqa: E731
-            if others():
-                try:
-                    wait_for(lambda: None if others() else True, "algo-2 to be quiet", 30.0, max_delay=0.02)
-                    run.ended = max(run.ended, time.time())
-                except ClusterError:
-                    run.notes.append(f"algo-2 still runs {len(others())} process(es) 30 s after horovodrun")
-                    run.ended = float("nan")
-        return run
-    finally:
-        if sshd is not None:
-            sshd.send_signal(signal.SIGTERM)
-            sshd.wait(10.0)
-            cluster.host("algo-2").kill_processes()
 
 
 def run_launcher(
@@ -189,7 +92,7 @@ def run_launcher(
     if launcher == TOOLKIT:
         return run_sagemaker(cluster, TOOLKIT_TRAIN, hosts, timeout)
     script = [f"/opt/ml/code/{program}"] + [f"--{key}={value}" for key, value in args.items()]
-    return run_horovodrun(cluster, launcher == HVD_GLOO, hosts, script, timeout, tag)
+    return run_horovodrun(cluster, launcher == HVD_GLOO, hosts, per_host, script, timeout, tag)
 
 
 # ----- reading what the ranks wrote -----
@@ -236,6 +139,9 @@ def measure_timing(cluster: Cluster, launcher: str, rows: dict[str, Row], work: 
             end = max((t.get("end", float("nan")) for t in times), default=float("nan"))
             add(rows["start"], launcher, first - run.started, load)
             add(rows["end"], launcher, run.ended - end, load)
+            if run.host_ends:  # launchers with a process on every host
+                per_host = [ended - end for ended in run.host_ends.values()]
+                add(rows["end_host"], launcher, statistics.median(finite(per_host) or [float("nan")]), load)
         else:
             crash = min((t["crash"] for t in times if "crash" in t), default=float("nan"))
             add(rows["crash"], launcher, run.ended - crash, load)
@@ -279,7 +185,10 @@ def add(row: Row, launcher: str, value: float, load: float) -> None:
 def make_rows(repeats: int, epochs: int, steps: int) -> dict[str, Row]:
     rows = {
         "start": Row("start -> first rank running", "s", True),
-        "end": Row("job end -> last host exit (horovodrun: script end -> its exit)", "s", True),
+        "end": Row(
+            "job end -> last launcher process exited (horovodrun: its exit, its remote processes)", "s", True
+        ),
+        "end_host": Row("job end -> each host's launcher exit (median over hosts)", "s", True),
         "crash": Row("rank crash on the worker -> all hosts exited", "s", True),
         "mnist1": Row(f"MNIST np=2 on 1 host ({epochs}x{steps} steps)", "images/s", False),
         "mnist2": Row(f"MNIST 2 hosts x 1 ({epochs}x{steps} steps)", "images/s", False),
@@ -289,15 +198,10 @@ def make_rows(repeats: int, epochs: int, steps: int) -> dict[str, Row]:
     return rows
 
 
-def median(values: list[float]) -> float | None:
-    clean = [value for value in values if not math.isnan(value)]
-    return statistics.median(clean) if clean else None
-
-
 def ratio(row: Row, launcher: str) -> float | None:
     """> 1: better than the best peer (time rows: best peer's time / this; rate rows: this / best peer)."""
-    value = median(row.values[launcher])
-    peers = [v for peer in PEERS if (v := median(row.values[peer])) is not None]
+    value = median_of(row.values[launcher])
+    peers = [v for peer in PEERS if (v := median_of(row.values[peer])) is not None]
     if value is None or not peers or value == 0:
         return None
     best = min(peers) if row.lower_is_better else max(peers)
@@ -312,22 +216,28 @@ def fmt_value(value: float | None, unit: str) -> str:
     return f"{value:.3f}" if unit == "Gbit/s" and value < 1 else f"{value:.2f}"
 
 
+def fmt_cell(row: Row, launcher: str, with_ratio: bool) -> str:
+    """'median (min-max) [ratio] n=N'; n/a for a per-host row of a launcher without per-host processes."""
+    values = finite(row.values[launcher])
+    if not values:
+        return (
+            "n/a" if row.name.startswith("job end -> each host") and launcher in (HVD_MPI, HVD_GLOO) else "-"
+        )
+    cell = fmt_value(statistics.median(values), row.unit)
+    if len(values) > 1:
+        cell += f" ({fmt_value(min(values), row.unit)}-{fmt_value(max(values), row.unit)})"
+    r = ratio(row, launcher) if with_ratio else None
+    return cell + (f" [{r:.2f}]" if r is not None else "") + f" n={len(values)}"
+
+
 def report(rows: dict[str, Row], repeats: int, started_load: tuple[float, float, float]) -> None:
-    header = ["row (unit, median of runs)", *LAUNCHERS, "ours / best peer", "load avg (1 min)"]
+    header = ["row (unit, median (min-max) of runs)", *LAUNCHERS, "ours / best peer", "load avg (1 min)"]
     lines = [header]
     for row in rows.values():
         if not any(row.values.values()):
             continue
         cells = [f"{row.name} ({row.unit})"]
-        for launcher in LAUNCHERS:
-            value = median(row.values[launcher])
-            r = ratio(row, launcher)
-            count = len(row.values[launcher])
-            cell = fmt_value(value, row.unit)
-            if value is not None:
-                cell += f" [{r:.2f}]" if r is not None else ""
-                cell += f" n={count}"
-            cells.append(cell)
+        cells += [fmt_cell(row, launcher, with_ratio=True) for launcher in LAUNCHERS]
         ours = ratio(row, OURS)
         cells.append("-" if ours is None else f"{ours:.2f}")
         cells.append(f"{min(row.loads):.1f}-{max(row.loads):.1f}" if row.loads else "-")
@@ -350,9 +260,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of the timing rows per launcher")
     parser.add_argument(
-        "--toolkit-repeats", type=int, default=1, help="runs of the timing rows for the toolkit (~100 s each)"
+        "--toolkit-repeats", type=int, default=3, help="runs of the timing rows for the toolkit (~100 s each)"
     )
-    parser.add_argument("--heavy-repeats", type=int, default=1, help="runs of the MNIST and allreduce rows")
+    parser.add_argument("--heavy-repeats", type=int, default=3, help="runs of the MNIST and allreduce rows")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50, help="MNIST steps per epoch (per rank)")
     parser.add_argument("--work", type=float, default=1.0, help="seconds each rank works (timing rows)")
