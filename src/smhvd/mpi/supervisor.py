@@ -17,9 +17,8 @@ import selectors
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from smhvd.errors import EX_MPI_ABORT, exit_status
@@ -27,6 +26,7 @@ from smhvd.mpi.output import StderrFilter
 from smhvd.proc.lines import write_all
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_rank_wrapper, signal_pids
 from smhvd.proc.signals import SignalWatch
+from smhvd.proc.timers import Timers
 from smhvd.wire import HEARTBEAT_INTERVAL
 
 log = logging.getLogger("smhvd")
@@ -93,31 +93,28 @@ def supervise(
     own = watch is None
     watch = watch or SignalWatch().__enter__()
     exited = os.pidfd_open(proc.pid)
+    timers = Timers()
+    if tick is not None:
+        every(timers, "heartbeat", tick_interval, tick)
+    dumps.start(timers)
+    hung = HungAbort(lambda: proc.poll() is None, proc.terminate, lambda: _kill(proc), timers)
     try:
         with selectors.DefaultSelector() as sel:
             sel.register(stderr_fd, selectors.EVENT_READ)
             sel.register(watch.fileno(), selectors.EVENT_READ)
             sel.register(exited, selectors.EVENT_READ)
             open_stream = True
-            next_tick = time.monotonic() + tick_interval
-            hung = _HungAbort(proc)
-            while open_stream and not hung.gave_up():
-                if tick is not None and time.monotonic() >= next_tick:
-                    tick()
-                    next_tick = time.monotonic() + tick_interval
-                hung.check(output.abort_notice)
-                dumps.check(output)
-                steps = (next_tick if tick else None, hung.next_step(), dumps.next_step())
-                deadlines = [t for t in steps if t is not None]
-                timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-                for key, _ in sel.select(timeout):
+            while open_stream and not hung.gave_up:
+                for key, _ in sel.select(timers.timeout()):
                     if key.fd == stderr_fd:
                         data = os.read(stderr_fd, 65536)
                         if not data:
                             open_stream = False
                             break
                         _show(output, output.feed(data))
-                        dumps.heard()
+                        dumps.heard(output)
+                        if output.abort_notice is not None:
+                            hung.announced(output.abort_notice)
                     elif key.fd == exited:
                         # The job ends when the command does, not when every copy of its stderr closes (a
                         # process it left behind may hold one): take what is in the pipe, stop reading.
@@ -126,6 +123,8 @@ def supervise(
                         break
                     else:
                         stopped = _on_signals(watch, stopped, keep_pids, dumps, on_stop)
+                if open_stream:
+                    timers.fire_due()
         _show(output, output.flush())
         code = proc.wait()
         remove_session_dir(proc.pid, env)
@@ -136,6 +135,16 @@ def supervise(
     if hung.ended:
         return Outcome(exit_code=EX_MPI_ABORT, output=output, stopped=stopped, ended_hung_abort=True)
     return Outcome(exit_code=exit_status(code), output=output, stopped=stopped)
+
+
+def every(timers: Timers, name: str, interval: float, callback: Callable[[], object]) -> None:
+    """`callback` every `interval` seconds, the first one `interval` from now."""
+
+    def again() -> None:
+        callback()
+        timers.after(name, interval, again)
+
+    timers.after(name, interval, again)
 
 
 def _on_signals(
@@ -188,63 +197,76 @@ def remove_session_dir(pid: int, env: Mapping[str, str]) -> None:
 @dataclass
 class Dumps:
     """When to take stack dumps of every rank (stacks.py), besides SIGUSR1 and a stop: once when Horovod
-    reports a stall, and once per silence when no rank has written anything for `silence` seconds."""
+    reports a stall, and once per silence when no rank has written anything for `silence` seconds (a timer
+    of the supervisor's loop, set again by every output)."""
 
     dump: Callable[[str], object]  # starts a dump in the background
     settle: Callable[[float], object] = lambda _timeout: None  # waits (bounded) for the dump to finish
     silence: float | None = None  # launcher_hang_dump_seconds
-    last_heard: float = field(default_factory=time.monotonic)
     stall_dumped: bool = False
-    silence_dumped: bool = False
+    timers: Timers | None = None
 
-    def heard(self) -> None:
-        self.last_heard = time.monotonic()
-        self.silence_dumped = False
+    def start(self, timers: Timers) -> None:
+        self.timers = timers
+        self._listen_for_silence()
 
-    def next_step(self) -> float | None:
-        return None if self.silence is None or self.silence_dumped else self.last_heard + self.silence
-
-    def check(self, output: StderrFilter) -> None:
+    def heard(self, output: StderrFilter) -> None:
+        """Some rank wrote: the silence starts again; a stall Horovod reported is dumped once."""
+        self._listen_for_silence()
         if output.stall_notice is not None and not self.stall_dumped:
             self.stall_dumped = True
             self.dump("Horovod reported a stall")
-        step = self.next_step()
-        if step is not None and time.monotonic() >= step:
-            self.silence_dumped = True
-            self.dump(f"no output from any rank for {self.silence:g}s")
+
+    def _listen_for_silence(self) -> None:
+        if self.silence is not None and self.timers is not None:
+            self.timers.after("silence", self.silence, self._silent)
+
+    def _silent(self) -> None:
+        self.dump(f"no output from any rank for {self.silence:g}s")
 
 
-class _HungAbort:
-    """Ends mpirun when Open MPI announced an abort and mpirun does not exit (SIGTERM, then SIGKILL)."""
+class HungAbort:
+    """Ends mpirun when Open MPI announced an abort and mpirun does not exit by itself: `terminate` after
+    ABORT_GRACE, `kill` KILL_GRACE later, and after another KILL_GRACE the loop gives up reading the output
+    that something mpirun started may still hold open (`gave_up`). Each step is a timer of the loop, taken
+    only while mpirun runs."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        self.term_at: float | None = None
-        self.kill_at: float | None = None
-        self.killed_at: float | None = None
-        self.ended = False
+    def __init__(
+        self,
+        running: Callable[[], bool],
+        terminate: Callable[[], object],
+        kill: Callable[[], object],
+        timers: Timers,
+    ) -> None:
+        self.running, self.terminate, self.kill, self.timers = running, terminate, kill, timers
+        self.notice: str | None = None
+        self.ended = False  # the launcher ended mpirun
+        self.gave_up = False
 
-    def next_step(self) -> float | None:
-        if self.killed_at is not None:
-            return self.killed_at + KILL_GRACE
-        return self.kill_at if self.term_at is None or self.kill_at is not None else self.term_at
+    def announced(self, notice: str) -> None:
+        if self.notice is None:
+            self.notice = notice
+            self.timers.after("abort-term", ABORT_GRACE, self._term)
 
-    def check(self, notice: str | None) -> None:
-        if notice is None or self.proc.poll() is not None:
+    def _term(self) -> None:
+        if not self.running():
             return
-        now = time.monotonic()
-        if self.term_at is None:
-            self.term_at = now + ABORT_GRACE
-        elif self.kill_at is None and now >= self.term_at:
-            log.error("Open MPI aborted the job (%s) and mpirun did not exit: ending it", notice)
-            self.ended = True
-            self.proc.terminate()
-            self.kill_at = now + KILL_GRACE
-        elif self.kill_at is not None and self.killed_at is None and now >= self.kill_at:
-            self.proc.kill()
-            signal_pids(local_ranks(), signal.SIGKILL)
-            self.killed_at = now
+        log.error("Open MPI aborted the job (%s) and mpirun did not exit: ending it", self.notice)
+        self.ended = True
+        self.terminate()
+        self.timers.after("abort-kill", KILL_GRACE, self._kill)
 
-    def gave_up(self) -> bool:
-        """mpirun is dead but something it started still holds its stderr: stop reading after KILL_GRACE."""
-        return self.killed_at is not None and time.monotonic() >= self.killed_at + KILL_GRACE
+    def _kill(self) -> None:
+        if not self.running():
+            return
+        self.kill()
+        self.timers.after("abort-give-up", KILL_GRACE, self._give_up)
+
+    def _give_up(self) -> None:
+        self.gave_up = True
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """mpirun and this host's ranks, at once."""
+    proc.kill()
+    signal_pids(local_ranks(), signal.SIGKILL)

@@ -25,6 +25,7 @@ from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, HostEnvError, PeerError, ex
 from smhvd.mpi.supervisor import stop_local_ranks
 from smhvd.proc.processes import die_with_parent, kill_descendants
 from smhvd.proc.signals import SignalWatch
+from smhvd.proc.timers import Timers
 from smhvd.report import failure, stacks
 from smhvd.roles import hostenv
 from smhvd.roles.sshd import ssh_port, start_sshd
@@ -71,6 +72,7 @@ class LinkWaiter:
         silence_limit: float = wire.SILENCE_LIMIT,
         on_child: Callable[[], Verdict | None] | None = None,
         on_dump: Callable[[str], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.server = server
         self.leader = leader
@@ -80,43 +82,45 @@ class LinkWaiter:
         self.on_child = on_child  # called on SIGCHLD; a Verdict ends the wait (a script outside MPI failed)
         self.on_dump = on_dump  # stack dumps of this host's ranks (SIGUSR1, and before a stop)
         self.started = False
-        self.last_heard = 0.0
-        self.stopping_since: float | None = None
+        self.stopping = False
         self.buffers: dict[socket.socket, bytes] = {}
+        # One deadline at a time, each a timer of the loop: the job's start (start_timeout), then the
+        # leader's silence (set again by every word from it), and after a stop the grace for its verdict.
+        self.timers = Timers(clock)
+        self.verdict: Verdict | None = None
 
     def wait(self, keep: list[int]) -> Verdict:
-        deadline = time.monotonic() + self.start_timeout
+        self.timers.after("start", self.start_timeout, self._not_started)
         with selectors.DefaultSelector() as sel:
             sel.register(self.server, selectors.EVENT_READ)
             sel.register(self.watch.fileno(), selectors.EVENT_READ)
-            while True:
-                timeout = self._timeout(deadline)
-                if timeout is not None and timeout <= 0:
-                    return self._timed_out()
-                for key, _ in sel.select(timeout):
+            while self.verdict is None:
+                for key, _ in sel.select(self.timers.timeout()):
                     verdict = self._handle(key.fileobj, sel, keep)
                     if verdict is not None:
                         return verdict
+                self.timers.fire_due()
+        return self.verdict
 
-    def _timeout(self, deadline: float) -> float | None:
-        now = time.monotonic()
-        if self.stopping_since is not None:
-            return self.stopping_since + STOP_GRACE - now
-        return self.last_heard + self.silence_limit - now if self.started else deadline - now
-
-    def _timed_out(self) -> Verdict:
-        if self.stopping_since is not None:
-            return Verdict(EX_STOPPED, "")
-        if self.started:
-            return Verdict(
-                EX_UNAVAILABLE,
-                f"lost the leader {self.leader} during the job: no word from it for {self.silence_limit:g}s "
-                f"(leader host down or unreachable); see {self.leader}'s log",
-            )
+    def _not_started(self) -> None:
         raise PeerError(
             f"the leader {self.leader} did not start the job within {self.start_timeout:g}s "
             f"(launcher_leader_timeout_seconds)"
         )
+
+    def _leader_silent(self) -> None:
+        self.verdict = Verdict(
+            EX_UNAVAILABLE,
+            f"lost the leader {self.leader} during the job: no word from it for {self.silence_limit:g}s "
+            f"(leader host down or unreachable); see {self.leader}'s log",
+        )
+
+    def _stop_grace_over(self) -> None:
+        self.verdict = Verdict(EX_STOPPED, "")
+
+    def _heard(self) -> None:
+        if self.started and not self.stopping:
+            self.timers.after("silence", self.silence_limit, self._leader_silent)
 
     def _handle(self, obj: object, sel: selectors.BaseSelector, keep: list[int]) -> Verdict | None:
         if obj is self.server:
@@ -145,11 +149,13 @@ class LinkWaiter:
     def _stop(self, why: str) -> Verdict | None:
         """A stop (this host's SIGTERM, or the leader's `stop` event): this host's ranks get SIGTERM once,
         after a stack dump; the job's verdict still comes from the leader."""
-        if self.stopping_since is not None:
+        if self.stopping:
             return None
-        self.stopping_since = time.monotonic()
+        self.stopping = True
         if not self.started:
             return Verdict(EX_STOPPED, "")
+        self.timers.cancel("silence")  # from now on only the grace for the leader's verdict counts
+        self.timers.after("stop-grace", STOP_GRACE, self._stop_grace_over)
         stop_local_ranks(
             f"stopped: {why}", self.on_dump or (lambda _: None), after="; waiting for the leader"
         )
@@ -157,14 +163,14 @@ class LinkWaiter:
 
     def _read(self, conn: socket.socket, sel: selectors.BaseSelector) -> Verdict | None:
         data = conn.recv(65536)
-        self.last_heard = time.monotonic()
+        self._heard()
         if not data:
             sel.unregister(conn)
             self.buffers.pop(conn, None)
             conn.close()
             if self.started:  # the leader's session closed mid-job without a verdict
                 return Verdict(
-                    EX_STOPPED if self.stopping_since is not None else EX_UNAVAILABLE,
+                    EX_STOPPED if self.stopping else EX_UNAVAILABLE,
                     f"lost the leader {self.leader} during the job: its link closed without a result "
                     f"(leader host down or launcher killed); see {self.leader}'s log",
                 )
@@ -179,6 +185,8 @@ class LinkWaiter:
                 log.debug("link event: %s", event)
             if event["event"] == "start":
                 self.started = True
+                self.timers.cancel("start")
+                self._heard()
                 log.info("job started by %s", self.leader)
             elif event["event"] == "stop":
                 self._stop(f"the leader {self.leader} was stopped")
