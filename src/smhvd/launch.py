@@ -101,8 +101,10 @@ def step(what: str) -> Iterator[None]:
 def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
     started_at = time.time()
     v3 = sdk_v3.load(paths)  # SDK v3 ModelTrainer(source_code=...): its sm_drivers channel says what to run
-    if v3 is not None and v3.unsupported:
-        sdk_v3.hand_back(v3, os.environ)
+    if v3 is not None and v3.unsupported:  # v3's own driver runs it: decided here, before anything else
+        log.info("SDK v3 job left to v3's sm_train.sh: %s", v3.unsupported)
+        argv, env = sdk_v3.hand_back_command(os.environ)
+        os.execve(argv[0], argv, env)  # noqa: S606 (v3's own command)
     job = load_job(paths, adjust=None if v3 is None else functools.partial(sdk_v3.apply, v3=v3))
     if v3 is not None:
         log.info("%s", sdk_v3.describe(v3, job))

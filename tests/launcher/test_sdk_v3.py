@@ -162,6 +162,11 @@ def make_job(paths: SageMakerPaths, hps: dict[str, object] | None = None) -> Job
     )
 
 
+def test_a_job_left_to_v3_runs_its_own_sm_train_without_our_hook():
+    argv, env = sdk_v3.hand_back_command({"BASH_ENV": "/usr/local/lib/smhvd/sdk-v3-bash-env.sh", "A": "1"})
+    assert argv == ["/bin/bash", "-c", sdk_v3.SM_TRAIN_COMMAND] and env == {"A": "1"}
+
+
 def test_load_reads_the_drivers_channel(tmp_path):
     paths = write_v3_tree(tmp_path / "ml")
     assert sdk_v3.load(paths) == V3Job(

@@ -25,11 +25,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal, NoReturn
+from typing import Literal
 
 from smhvd.config.hyperparameters import MAX_TOTAL_BYTES, carriable, option_args
 from smhvd.config.job import Job
@@ -231,8 +230,7 @@ def describe(v3: V3Job, job: Job) -> str:
     return f"SDK v3 ModelTrainer job: running {v3.source.entry_script} {how}"
 
 
-def hand_back(v3: V3Job, environ: Mapping[str, str]) -> NoReturn:
-    """Run v3's own sm_train.sh in place of `train` (what the container was told to run), without our hook."""
-    log.info("SDK v3 job left to v3's sm_train.sh: %s", v3.unsupported)
-    child_env = {k: v for k, v in environ.items() if k != "BASH_ENV"}
-    os.execve("/bin/bash", ["/bin/bash", "-c", SM_TRAIN_COMMAND], child_env)  # noqa: S606 (v3's own command)
+def hand_back_command(environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """What runs in place of `train` for a job this launcher leaves to v3: v3's own sm_train.sh (what the
+    container was told to run), without our BASH_ENV hook, as (argv, environment). Pure."""
+    return ["/bin/bash", "-c", SM_TRAIN_COMMAND], {k: v for k, v in environ.items() if k != "BASH_ENV"}
