@@ -4,7 +4,7 @@ announced an abort, each stepped through its deadlines without waiting."""
 from __future__ import annotations
 
 from smhvd.mpi.output import StderrFilter
-from smhvd.mpi.supervisor import ABORT_GRACE, KILL_GRACE, Dumps, HungAbort, every
+from smhvd.mpi.supervisor import ABORT_GRACE, KILL_GRACE, Dumps, HungAbort
 from smhvd.proc.timers import Timers
 
 
@@ -59,7 +59,7 @@ def test_the_heartbeat_beats_every_interval() -> None:
     clock = Clock()
     timers = Timers(clock)
     beats: list[float] = []
-    every(timers, "heartbeat", 2.0, lambda: beats.append(clock.now - 1000.0))
+    timers.every("heartbeat", 2.0, lambda: beats.append(clock.now - 1000.0))
     clock.run_until(timers, 1007.0)
     assert beats == [2.0, 4.0, 6.0]
 

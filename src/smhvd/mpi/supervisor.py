@@ -95,7 +95,7 @@ def supervise(
     exited = os.pidfd_open(proc.pid)
     timers = Timers()
     if tick is not None:
-        every(timers, "heartbeat", tick_interval, tick)
+        timers.every("heartbeat", tick_interval, tick)
     dumps.start(timers)
     hung = HungAbort(lambda: proc.poll() is None, proc.terminate, lambda: _kill(proc), timers)
     try:
@@ -135,16 +135,6 @@ def supervise(
     if hung.ended:
         return Outcome(exit_code=EX_MPI_ABORT, output=output, stopped=stopped, ended_hung_abort=True)
     return Outcome(exit_code=exit_status(code), output=output, stopped=stopped)
-
-
-def every(timers: Timers, name: str, interval: float, callback: Callable[[], object]) -> None:
-    """`callback` every `interval` seconds, the first one `interval` from now."""
-
-    def again() -> None:
-        callback()
-        timers.after(name, interval, again)
-
-    timers.after(name, interval, again)
 
 
 def _on_signals(

@@ -18,6 +18,15 @@ class Timers:
         """Call `callback` `delay` seconds from now; replaces the timer of that name if there is one."""
         self._due[name] = (self.clock() + delay, callback)
 
+    def every(self, name: str, interval: float, callback: Callable[[], object]) -> None:
+        """Call `callback` every `interval` seconds, the first time `interval` from now."""
+
+        def again() -> None:
+            callback()
+            self.after(name, interval, again)
+
+        self.after(name, interval, again)
+
     def cancel(self, name: str) -> None:
         self._due.pop(name, None)
 
