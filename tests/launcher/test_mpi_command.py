@@ -2,6 +2,8 @@ from pathlib import Path
 
 import pytest
 
+from smhvd.config.launcher_options import parse_launcher_options
+from smhvd.errors import ConfigError
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv, env_mca_keys, forwarded_names, overridden_names
 
 PROGRAM = ("/venv/bin/python", "-m", "smhvd.rank", "--", "/venv/bin/python", "train.py", "--epochs", "2")
@@ -110,6 +112,43 @@ def test_user_options_replace_the_defaults_they_set_and_come_last():
     assert "none" not in argv
     assert "NCCL_SOCKET_IFNAME=eth0" not in argv
     assert argv[-len(PROGRAM) - len(custom) : -len(PROGRAM)] == list(custom)
+
+
+def user_options(text: str) -> list[str]:
+    """What a job's sagemaker_mpi_custom_mpi_options adds to mpirun's argv (between the defaults and the
+    program), as the launcher reads it from hyperparameters.json."""
+    custom = parse_launcher_options({"sagemaker_mpi_custom_mpi_options": text}).mpi.custom_options
+    argv = build_mpirun_argv(one_host(custom_options=custom))
+    return argv[argv.index("0") + 1 : -len(PROGRAM)]  # after the last default (odls_base_sigkill_timeout 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "options"),
+    [
+        # SageMaker's Horovod samples: the toolkit's own option, passed to the ranks as a variable
+        ("-verbose --NCCL_DEBUG=INFO", ["-verbose", "-x", "NCCL_DEBUG=INFO"]),
+        ("--NCCL_DEBUG WARN -verbose", ["-x", "NCCL_DEBUG=WARN", "-verbose"]),
+        ("--NCCL_DEBUG", ["-x", "NCCL_DEBUG=INFO"]),
+        ("--NCCL_DEBUG --report-bindings", ["-x", "NCCL_DEBUG=INFO", "--report-bindings"]),
+        (
+            "--NCCL_DEBUG=WARN --bind-to core --NCCL_DEBUG TRACE",
+            ["--bind-to", "core", "-x", "NCCL_DEBUG=TRACE"],
+        ),
+        # mpirun's own form keeps working and wins over the toolkit's
+        ("-x NCCL_DEBUG=WARN --NCCL_DEBUG=INFO", ["-x", "NCCL_DEBUG=WARN"]),
+        ("--NCCL_DEBUG=INFO -x NCCL_DEBUG", ["-x", "NCCL_DEBUG"]),
+        ("-x NCCL_DEBUG_SUBSYS=INIT --NCCL_DEBUG", ["-x", "NCCL_DEBUG_SUBSYS=INIT", "-x", "NCCL_DEBUG=INFO"]),
+    ],
+)
+def test_the_toolkits_nccl_debug_option_becomes_a_variable_for_the_ranks(text, options):
+    assert user_options(text) == options
+
+
+def test_the_toolkits_nccl_debug_option_needs_a_value_after_its_equals_sign():
+    with pytest.raises(
+        ConfigError, match="sagemaker_mpi_custom_mpi_options: expected a value after --NCCL_DEBUG="
+    ):
+        user_options("-verbose --NCCL_DEBUG=")
 
 
 def test_defaults_can_be_dropped_by_name():
@@ -240,3 +279,22 @@ def test_above_open_mpis_128_concurrent_launches_every_host_is_launched_at_once(
     assert own.count("plm_rsh_num_concurrent") == 1 and mca(own)["plm_rsh_num_concurrent"] == "16"
     dropped = build_mpirun_argv(two_hosts(hosts=200, drop_defaults=frozenset({"plm_rsh_num_concurrent"})))
     assert "plm_rsh_num_concurrent" not in dropped
+
+
+@pytest.mark.integration
+def test_the_samples_custom_mpi_options_run_and_every_rank_gets_nccl_debug(train_job):
+    # SageMaker's Horovod samples pass exactly this; mpirun alone refuses "--NCCL_DEBUG=INFO" (exit 1)
+    job = train_job(
+        """
+        import os
+        rank = os.environ["OMPI_COMM_WORLD_RANK"]
+        open(os.path.join(os.environ["SM_MODEL_DIR"], rank), "w").write(os.environ["NCCL_DEBUG"])
+        """,
+        {
+            "sagemaker_mpi_num_of_processes_per_host": 2,
+            "sagemaker_mpi_custom_mpi_options": "-verbose --NCCL_DEBUG=INFO",
+        },
+    )
+    result = job.run()
+    assert result.returncode == 0, result.stderr
+    assert {p.name: p.read_text() for p in job.paths.model_dir.iterdir()} == {"0": "INFO", "1": "INFO"}

@@ -6,6 +6,7 @@ keys are ignored because the SDK sets many that concern other containers.
 
 from __future__ import annotations
 
+import itertools
 import math
 import shlex
 from collections.abc import Mapping
@@ -221,9 +222,46 @@ def split_mpi_options(text: object, key: str = "sagemaker_mpi_custom_mpi_options
     if not isinstance(text, str):
         raise ConfigError(SOURCE, key, "mpirun options as one string", text)
     try:
-        return tuple(shlex.split(text))
+        tokens = shlex.split(text)
     except ValueError as exc:
         raise ConfigError(SOURCE, key, f"options quoted as in a shell ({exc})", text) from None
+    return _toolkit_nccl_debug(tokens, key)
+
+
+TOOLKIT_NCCL_DEBUG = "--NCCL_DEBUG"  # the sagemaker-training toolkit's own option, not mpirun's
+
+
+def _toolkit_nccl_debug(tokens: list[str], key: str) -> tuple[str, ...]:
+    """The toolkit's `--NCCL_DEBUG=VALUE` / `--NCCL_DEBUG VALUE` / `--NCCL_DEBUG` (INFO) as mpirun's
+    `-x NCCL_DEBUG=VALUE`, in its place (the last one counts, as in the toolkit); an explicit
+    `-x NCCL_DEBUG...` among the options wins and the toolkit's form is dropped. Every other option is left
+    as written."""
+    explicit = any(
+        flag == "-x" and name.split("=", 1)[0] == "NCCL_DEBUG" for flag, name in itertools.pairwise(tokens)
+    )
+    out: list[str] = []
+    value: str | None = None
+    at = 0
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == TOOLKIT_NCCL_DEBUG or token.startswith(TOOLKIT_NCCL_DEBUG + "="):
+            if "=" in token:
+                value = token.split("=", 1)[1]
+            elif i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
+                value = tokens[i + 1]
+                i += 1
+            else:
+                value = "INFO"
+            if not value:
+                raise ConfigError(SOURCE, key, f"a value after {TOOLKIT_NCCL_DEBUG}= (e.g. INFO)", token)
+            at = len(out)
+        else:
+            out.append(token)
+        i += 1
+    if value is not None and not explicit:
+        out[at:at] = ["-x", f"NCCL_DEBUG={value}"]
+    return tuple(out)
 
 
 def parse_launcher_options(reserved: Mapping[str, object]) -> LauncherOptions:
