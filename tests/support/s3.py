@@ -58,11 +58,9 @@ def s3_client(endpoint_url: str) -> Any:
     )
 
 
-def stage_coco(
-    scratch: Path, *args: str, port: int | None, creds: bool = True, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """`smhvd-stage-coco ARGS` as a user runs it: endpoint and keys from the environment, none of this
-    machine's AWS configuration; its checksum cache in `scratch`."""
+def user_env(scratch: Path, *, port: int | None, creds: bool = True) -> dict[str, str]:
+    """The environment of a user's S3 command: the test server's endpoint and keys, none of this machine's AWS
+    configuration (its files would be in `scratch`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env |= {
         "AWS_CONFIG_FILE": str(scratch / "no-aws-config"),
@@ -74,5 +72,14 @@ def stage_coco(
         env["AWS_ENDPOINT_URL_S3"] = endpoint(port)
     if creds:
         env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    return env
+
+
+def stage_coco(
+    scratch: Path, *args: str, port: int | None, creds: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`smhvd-stage-coco ARGS` as a user runs it: endpoint and keys from the environment, none of this
+    machine's AWS configuration; its checksum cache in `scratch`."""
+    env = user_env(scratch, port=port, creds=creds)
     argv = [sys.executable, "-m", "smhvd_stage.coco", *args, "--checksum-cache", str(scratch / "md5.json")]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
