@@ -10,13 +10,13 @@ of this repository."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from make_standin_weights import load_shapes, seeded_arrays, write_npz
 from mrcnn.config import build_config
 from mrcnn.evaluation import paste_mask
 from mrcnn.model import OUTPUT_NAMES, MaskRCNN, align_pad, box_head, multilevel_roi_align, roi_align, stem
@@ -26,31 +26,14 @@ from tensorpack.tfutils.tower import PredictTowerContext
 from .test_maskrcnn_ops import bilinear, run_graph
 
 tf1 = tf.compat.v1
-PUBLISHED = json.loads((Path(__file__).parent / "coco_r50fpn_maskrcnn_standard.json").read_text())["arrays"]
-
-
-def seeded_arrays(shapes: dict[str, list[int]], seed: int = 0) -> dict[str, np.ndarray]:
-    """Values that keep activations in range through 50 layers (He-scaled kernels, unit-ish statistics)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, shape in shapes.items():
-        if name.endswith("/W"):
-            fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else shape[0]
-            value = rng.normal(0, np.sqrt(2.0 / fan_in), shape)
-        elif name.endswith("variance/EMA"):
-            value = rng.uniform(0.5, 2.0, shape)
-        elif name.endswith("gamma"):
-            value = rng.uniform(0.3, 0.7, shape)
-        else:
-            value = rng.normal(0, 0.05, shape)
-        out[name] = value.astype(np.float32)
-    return out
+# The published file's names and shapes (examples/maskrcnn/published/), as lists like TensorFlow's shapes.
+PUBLISHED = {name: list(shape) for name, shape in load_shapes().items()}
 
 
 @pytest.fixture(scope="module")
 def published_npz(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("published") / "COCO-R50FPN-MaskRCNN-Standard.npz"
-    np.savez(path, **seeded_arrays(PUBLISHED))
+    write_npz(path, seeded_arrays(load_shapes()))  # what make_standin_weights.py writes
     return path
 
 
