@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from smhvd.config.hyperparameters import to_env_value, to_script_args
+from smhvd.config.hyperparameters import to_env_value
 from smhvd.config.instance_groups import Placement, group_env
 from smhvd.config.job import Job
 from smhvd.config.sagemaker_files import ResourceConfig
@@ -95,7 +95,7 @@ def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) ->
         "SAGEMAKER_BASE_DIR": str(paths.base),
         "SM_HOSTS": _json(list(job.resources.hosts)),
         "SM_HPS": _json(dict(hps)),
-        "SM_USER_ARGS": _json(to_script_args(hps)),
+        "SM_USER_ARGS": _json(list(job.script_args)),  # what the script's argv holds, whichever the SDK
         "SM_CHANNELS": _json(sorted(channels)),
         "SM_MODEL_DIR": str(paths.model_dir),
         "SM_OUTPUT_DATA_DIR": str(paths.output_data_dir),
@@ -118,6 +118,7 @@ def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) ->
         env[f"SM_CHANNEL_{_env_name(name)}"] = directory
     for key, value in hps.items():
         env[f"SM_HP_{_env_name(key)}"] = to_env_value(value)
+    env.update(job.script_env)  # SDK v3's SM_MASTER_ADDR, SM_DISTRIBUTED_CONFIG, ...
     env.update(group_env(job.resources, job.placement or Placement(job.resources.hosts, None, ())))
     env.update(host_env(job.resources, job.raw_resources, job.hardware.cpus, job.hardware.gpus, summary))
     return env

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import tempfile
@@ -12,7 +11,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from smhvd.config import sdk_v3
-from smhvd.config.hyperparameters import to_script_args
 from smhvd.config.job import Job, load_job
 from smhvd.config.paths import SageMakerPaths
 from smhvd.environment import training_env
@@ -105,9 +103,7 @@ def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
         log.info("SDK v3 job left to v3's sm_train.sh: %s", v3.unsupported)
         argv, env = sdk_v3.hand_back_command(os.environ)
         os.execve(argv[0], argv, env)  # noqa: S606 (v3's own command)
-    job = load_job(paths, adjust=None if v3 is None else functools.partial(sdk_v3.apply, v3=v3))
-    if v3 is not None:
-        log.info("%s", sdk_v3.describe(v3, job))
+    job = load_job(paths, v3=v3)  # from here on, one job whichever SDK wrote the files
     if log_level_from_job and job.options.program.log_level is not None:
         # The SDK's container_log_level (logging.DEBUG=10, ...), unless SMHVD_LOG_LEVEL says otherwise.
         log.setLevel(job.options.program.log_level)
@@ -127,18 +123,14 @@ def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
         with step(f"fetching the code from {source.location}"):
             fetch_source(source, job.options.program.region)
         entry = program_path(source)
-        requirements = "requirements.txt" if v3 is None else v3.source.requirements
-        if requirements:
-            named_by = None if v3 is None else (str(v3.drivers_dir / sdk_v3.SOURCE_CODE_JSON), "requirements")
+        if requirements := job.options.program.requirements:
+            named_by = job.options.program.origin.requirements_named_by
             with step(f"pip install -r {requirements}"):
                 if install_requirements(source.code_dir, name=requirements, named_by=named_by):
                     log.info("installed %s", source.code_dir / requirements)
-        args = to_script_args if v3 is None else sdk_v3.script_args
-        program = program_command(entry) + args(job.user_hyperparameters)
+        program = program_command(entry) + list(job.script_args)
         module_dir = job.options.program.submit_directory or str(source.code_dir)
         env = rank_env(job, os.environ, training_env(job, source.code_dir, source.program, module_dir))
-        if v3 is not None:
-            env.update(sdk_v3.env(v3, job))
         if job.options.mpi.enabled:
             with step("the EFA probe (fi_info)"):
                 env.update(efa_settings(job, env))

@@ -17,13 +17,14 @@ import pytest
 
 from smhvd.cli import main
 from smhvd.config import sdk_v3
-from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters
+from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters, to_script_args
 from smhvd.config.instance_groups import Placement
-from smhvd.config.job import Hardware, Job, load_job
+from smhvd.config.job import Hardware, Job, load_job, with_sdk_v3
 from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, parse_launcher_options
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import parse_resource_config
 from smhvd.config.sdk_v3 import Distributed, SourceCode, V3Job
+from smhvd.environment import training_env
 from smhvd.errors import ConfigError
 
 # SourceCode(source_dir="/tmp/v3gen/src", entry_script="train.py", requirements="requirements.txt")
@@ -193,7 +194,7 @@ def test_apply_spreads_processes_per_node_over_every_host(tmp_path):
     paths = write_v3_tree(tmp_path / "ml")
     v3 = sdk_v3.load(paths)
     assert v3 is not None
-    job = sdk_v3.apply(make_job(paths, {"sagemaker_mpi_custom_mpi_options": "--bind-to core"}), v3)
+    job = with_sdk_v3(make_job(paths, {"sagemaker_mpi_custom_mpi_options": "--bind-to core"}), v3)
     assert job.options.mpi.enabled
     assert (job.processes_per_host, job.num_processes) == (2, 4)  # v3's own driver: mpirun -np 2
     assert job.options.mpi.custom_options == (
@@ -213,9 +214,9 @@ def test_apply_without_distributed_runs_the_script_once_per_host(tmp_path):
     paths = write_v3_tree(tmp_path / "ml", distributed=DISTRIBUTED_NONE_JSON)
     v3 = sdk_v3.load(paths)
     assert v3 is not None and v3.unsupported is None
-    job = sdk_v3.apply(make_job(paths), v3)
+    job = with_sdk_v3(make_job(paths), v3)
     assert not job.options.mpi.enabled
-    assert "SM_DISTRIBUTED_CONFIG" not in sdk_v3.env(v3, job)
+    assert "SM_DISTRIBUTED_CONFIG" not in job.script_env
 
 
 def test_a_source_dir_tarball_is_unpacked_by_the_launcher(tmp_path):
@@ -223,7 +224,7 @@ def test_a_source_dir_tarball_is_unpacked_by_the_launcher(tmp_path):
     paths = write_v3_tree(tmp_path / "ml", sourcecode=json.dumps(source))
     v3 = sdk_v3.load(paths)
     assert v3 is not None
-    job = sdk_v3.apply(make_job(paths), v3)
+    job = with_sdk_v3(make_job(paths), v3)
     assert job.options.program.submit_directory == str(paths.channel_dir("code") / "code.tar.gz")
 
 
@@ -231,7 +232,7 @@ def test_env_for_scripts_written_for_v3(tmp_path):
     paths = write_v3_tree(tmp_path / "ml", hosts=("algo-2", "algo-1"))
     v3 = sdk_v3.load(paths)
     assert v3 is not None
-    env = sdk_v3.env(v3, make_job(paths))
+    env = with_sdk_v3(make_job(paths), v3).script_env
     assert env["SM_MASTER_ADDR"] == "algo-1" and env["SM_HOST_COUNT"] == "2"
     assert env["SM_ENTRY_SCRIPT"] == "train.py"
     assert env["SM_SOURCE_DIR"] == str(paths.channel_dir("code"))
@@ -249,7 +250,7 @@ def test_master_addr_is_the_jobs_leader_with_instance_groups(tmp_path):
     v3 = sdk_v3.load(paths)
     assert v3 is not None
     assert job.leader == "algo-2"
-    assert sdk_v3.env(v3, job)["SM_MASTER_ADDR"] == "algo-2"
+    assert with_sdk_v3(job, v3).script_env["SM_MASTER_ADDR"] == "algo-2"
 
 
 @pytest.mark.parametrize(
@@ -265,12 +266,43 @@ def test_what_the_launcher_leaves_to_v3(tmp_path, sourcecode, distributed, reaso
     assert v3 is not None and reason in (v3.unsupported or "")
 
 
+def test_a_loaded_v3_job_is_one_job_whichever_sdk_wrote_it(tmp_path):
+    """load_job reads v3's files into the job: the script's arguments (SM_USER_ARGS too) follow v3's drivers'
+    rule, v3's variables are in the training environment, and the requirements file is the one v3 names."""
+    paths = write_v3_tree(tmp_path / "ml", hosts=("algo-1",))
+    v3 = sdk_v3.load(paths)
+    assert v3 is not None
+    job = load_job(paths, Hardware(cpus=2, gpus=0), v3=v3)
+    assert job.script_args == tuple(CLI_ARGS)
+    env = training_env(job, paths.channel_dir("code"), "train.py", str(paths.channel_dir("code")))
+    assert json.loads(env["SM_USER_ARGS"]) == CLI_ARGS  # v2's rule would sort the keys, -l and -n, True
+    assert env["SM_MASTER_ADDR"] == "algo-1" and env["SM_ENTRY_SCRIPT"] == "train.py"
+    assert json.loads(env["SM_DISTRIBUTED_CONFIG"]) == json.loads(DISTRIBUTED_MPI_JSON)
+    assert job.options.program.requirements == "requirements.txt"
+    assert job.options.program.origin.requirements_named_by == (
+        str(paths.channel_dir("sm_drivers") / "sourcecode.json"),
+        "requirements",
+    )
+
+
+def test_sm_user_args_of_a_v2_job_keep_the_toolkits_rule(tmp_path):
+    paths = write_v3_tree(tmp_path / "ml", hosts=("algo-1",))
+    job = load_job(paths, Hardware(cpus=2, gpus=0))  # the same hyperparameters, no v3 files read
+    env = training_env(job, paths.code_dir, "train.py", str(paths.code_dir))
+    assert (
+        json.loads(env["SM_USER_ARGS"]) == list(job.script_args) == to_script_args(job.user_hyperparameters)
+    )
+    assert json.loads(env["SM_USER_ARGS"]) != CLI_ARGS and "SM_MASTER_ADDR" not in env
+    assert job.options.program.origin.requirements_named_by is None  # requirements.txt only if present
+
+
 # The script records how it was run; `train` (cli.main) runs it from a v3 tree with one host.
 RECORDER = """
 import json, os, sys
 out = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "run.json")
 keys = ("SM_ENTRY_SCRIPT", "SM_MASTER_ADDR", "SM_HOST_COUNT", "SM_CURRENT_HOST")
 record = {"argv": sys.argv[1:], "cwd": os.getcwd(), "env": {k: os.environ.get(k) for k in keys}}
+record["user_args"] = json.loads(os.environ["SM_USER_ARGS"])
 json.dump(record, open(out, "w"))
 """
 
@@ -285,6 +317,7 @@ def test_train_runs_a_v3_job_without_distributed(tmp_path):
     assert main(["--base-dir", str(paths.base)]) == 0
     run = json.loads((paths.output_data_dir / "run.json").read_text())
     assert run["argv"] == CLI_ARGS
+    assert run["user_args"] == CLI_ARGS  # SM_USER_ARGS: the arguments the script was given
     assert run["cwd"] == str(paths.channel_dir("code"))
     assert run["env"] == {
         "SM_ENTRY_SCRIPT": "rec.py",
@@ -475,7 +508,7 @@ def test_the_whole_job_is_validated_after_v3s_files_are_read(tmp_path):
     with pytest.raises(
         ConfigError, match=r"sagemaker_mpi_num_processes: expected at most 2 \(2 per host x 1 hosts\)"
     ):
-        load_job(paths, Hardware(cpus=2, gpus=0), adjust=lambda job: sdk_v3.apply(job, v3))
+        load_job(paths, Hardware(cpus=2, gpus=0), v3=v3)
 
 
 @pytest.mark.parametrize("how", ["script", "stdin"])

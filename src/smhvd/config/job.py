@@ -1,14 +1,19 @@
-"""Everything the launcher knows about the job, loaded once from the /opt/ml tree and validated."""
+"""Everything the launcher knows about the job, loaded once from the /opt/ml tree and validated.
+
+SDK v3's drivers channel (sdk_v3.py), when the job has one, is read into the same Job here: after loading,
+nothing knows which SDK wrote the files.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from smhvd.config import sdk_v3
 from smhvd.config.hardware import interface_names, num_cpus, num_gpus, route_interface
-from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters
+from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters, to_script_args
 from smhvd.config.instance_groups import Placement, placement
 from smhvd.config.launcher_options import LauncherOptions, parse_launcher_options
 from smhvd.config.paths import SageMakerPaths
@@ -44,6 +49,10 @@ class Job:
     options: LauncherOptions
     hardware: Hardware
     placement: Placement | None = None  # heterogeneous clusters: where MPI runs (None: on every host)
+    # The script's arguments (from user_hyperparameters, by the rule of the SDK that wrote the files), and
+    # variables that SDK promises scripts besides the toolkit's SM_* (SDK v3's SM_MASTER_ADDR, ...).
+    script_args: tuple[str, ...] = ()
+    script_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def multi_host(self) -> bool:
@@ -87,10 +96,10 @@ class Job:
 
 
 def load_job(
-    paths: SageMakerPaths, hardware: Hardware | None = None, adjust: Callable[[Job], Job] | None = None
+    paths: SageMakerPaths, hardware: Hardware | None = None, *, v3: sdk_v3.V3Job | None = None
 ) -> Job:
-    """The job from the /opt/ml tree. `adjust` brings in a second source of configuration (SDK v3's
-    drivers channel: sdk_v3.apply) before the job is validated as a whole."""
+    """The job from the /opt/ml tree; `v3`: SDK v3's drivers channel (sdk_v3.load), read into the job before
+    it is validated as a whole."""
     raw_resources = read_json(paths.resource_config, required=True)
     resources = parse_resource_config(raw_resources, str(paths.resource_config))
     raw_input = read_json(paths.input_data_config, required=False)
@@ -110,14 +119,28 @@ def load_job(
         options=parse_launcher_options(reserved),
         hardware=hardware or Hardware(cpus=num_cpus(), gpus=num_gpus()),
         placement=placement(resources, resources_dict, reserved),
+        script_args=tuple(to_script_args(user)),
     )
-    if adjust is not None:
-        job = adjust(job)
+    if v3 is not None:
+        job = with_sdk_v3(job, v3)
     interfaces = interface_names() if job.multi_host else set()
     if job.multi_host and job.options.mpi.enabled:
         job = with_usable_interface(job, interfaces, route_interface)
     validate_job(job, interfaces)
     return job
+
+
+def with_sdk_v3(job: Job, v3: sdk_v3.V3Job) -> Job:
+    """The job as v3's files say: its options over the hyperparameters', the script's arguments as v3's
+    drivers make them, and the variables v3's scripts read."""
+    job = dataclasses.replace(
+        job,
+        options=sdk_v3.apply(job.options, v3),
+        script_args=tuple(sdk_v3.script_args(job.user_hyperparameters)),
+    )
+    hosts = len(job.resources.hosts)
+    log.info("%s", sdk_v3.describe(v3, job.processes_per_host, hosts))
+    return dataclasses.replace(job, script_env=sdk_v3.env(v3, job.paths, job.leader, hosts))
 
 
 def with_usable_interface(

@@ -109,6 +109,12 @@ class CodeOrigin:
     file: str = SOURCE
     program_key: str = "sagemaker_program"
     directory_key: str = "sagemaker_submit_directory"
+    requirements_key: str | None = None  # the key that named the requirements file (then it must exist)
+
+    @property
+    def requirements_named_by(self) -> tuple[str, str] | None:
+        """(file, key) that asked for the requirements file by name; None: requirements.txt if present."""
+        return None if self.requirements_key is None else (self.file, self.requirements_key)
 
 
 HYPERPARAMETERS_ORIGIN = CodeOrigin()
@@ -121,6 +127,7 @@ class ProgramOptions:
     region: str | None
     job_name: str | None
     log_level: int | None
+    requirements: str | None = "requirements.txt"  # installed with pip before the job (SDK v3: its own name)
     origin: CodeOrigin = HYPERPARAMETERS_ORIGIN  # SDK v3: its sourcecode.json (sdk_v3.apply)
 
 

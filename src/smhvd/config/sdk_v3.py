@@ -15,9 +15,10 @@ What v3 does (sagemaker-train 1.27.0, sagemaker/train/model_trainer.py, template
   hyperparameters), and `distributed=` is refused by the SDK itself.
 
 The image's BASH_ENV (docker/scripts/sdk-v3-bash-env.sh) turns exactly that bash command into `train`; this
-module reads the drivers channel, and the launcher then runs the entry script as it runs any job: MPI over all
-hosts (process_count_per_node on each), its fast exits, failure file and exit codes. What it does not run
-itself (SourceCode.command, Torchrun) goes back to v3's own sm_train.sh, unchanged.
+module reads the drivers channel, config/job.py's load_job makes it part of the one Job (options, the script's
+arguments and variables as v3's drivers give them), and the launcher then runs the entry script as it runs any
+job: MPI over all hosts (process_count_per_node on each), its fast exits, failure file and exit codes. What it
+does not run itself (SourceCode.command, Torchrun) goes back to v3's own sm_train.sh, unchanged.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from smhvd.config.hyperparameters import MAX_TOTAL_BYTES, carriable, option_args
-from smhvd.config.job import Job
-from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, CodeOrigin
+from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, CodeOrigin, LauncherOptions
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import check_path, optional_str, read_json
 from smhvd.errors import ConfigError
@@ -165,9 +165,9 @@ def load(paths: SageMakerPaths) -> V3Job | None:
     )
 
 
-def apply(job: Job, v3: V3Job) -> Job:
-    """The job with v3.s options: MPI on all hosts (or the script once per host), its script and code."""
-    options = job.options
+def apply(options: LauncherOptions, v3: V3Job) -> LauncherOptions:
+    """The hyperparameters' options under v3's files: MPI on all hosts (or the script once per host), its
+    script, code and requirements file, each error about them naming sourcecode.json."""
     dist = v3.distributed
     mpi = dataclasses.replace(
         options.mpi,
@@ -179,9 +179,12 @@ def apply(job: Job, v3: V3Job) -> Job:
         options.program,
         program=v3.source.entry_script,
         submit_directory=str(v3.code_location),
-        origin=CodeOrigin(str(v3.drivers_dir / SOURCE_CODE_JSON), "entry_script", "source_dir"),
+        requirements=v3.source.requirements,
+        origin=CodeOrigin(
+            str(v3.drivers_dir / SOURCE_CODE_JSON), "entry_script", "source_dir", "requirements"
+        ),
     )
-    return dataclasses.replace(job, options=dataclasses.replace(options, mpi=mpi, program=program))
+    return dataclasses.replace(options, mpi=mpi, program=program)
 
 
 def script_args(user_hyperparameters: Mapping[str, object]) -> list[str]:
@@ -197,16 +200,17 @@ def _v3_scalar(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def env(v3: V3Job, job: Job) -> dict[str, str]:
-    """Variables v3's environment.py sets that scripts written for v3 read (the toolkit's are set already)."""
+def env(v3: V3Job, paths: SageMakerPaths, leader: str, hosts: int) -> dict[str, str]:
+    """Variables v3's environment.py sets that scripts written for v3 read (the toolkit's are set already).
+    `leader`: the job's one leader (the first MPI host: instance groups count); `hosts`: all of them."""
     values = {
         "SM_SOURCE_DIR": str(v3.code_dir),
         "SM_ENTRY_SCRIPT": v3.source.entry_script or "",
-        "SM_MASTER_ADDR": job.leader,  # the job's one leader (the first MPI host: instance groups count)
+        "SM_MASTER_ADDR": leader,
         "SM_MASTER_PORT": "7777",
-        "SM_HOST_COUNT": str(len(job.resources.hosts)),
-        "SM_INPUT_DATA_DIR": str(job.paths.data_dir),
-        "SM_OUTPUT_FAILURE": str(job.paths.failure_file),
+        "SM_HOST_COUNT": str(hosts),
+        "SM_INPUT_DATA_DIR": str(paths.data_dir),
+        "SM_OUTPUT_FAILURE": str(paths.failure_file),
     }
     if v3.distributed.kind != "none":
         values["SM_DISTRIBUTED_DRIVER_DIR"] = str(v3.drivers_dir / "distributed_drivers")
@@ -219,11 +223,10 @@ def env(v3: V3Job, job: Job) -> dict[str, str]:
     return values
 
 
-def describe(v3: V3Job, job: Job) -> str:
+def describe(v3: V3Job, processes_per_host: int, hosts: int) -> str:
     if v3.distributed.kind == "mpi":
         how = (
-            f"MPI, {job.processes_per_host} process(es) per host on {len(job.resources.hosts)} host(s) "
-            f"instead of v3's mpi_driver.py"
+            f"MPI, {processes_per_host} process(es) per host on {hosts} host(s) instead of v3's mpi_driver.py"
         )
     else:
         how = "once on each host instead of v3's basic_script_driver.py"
