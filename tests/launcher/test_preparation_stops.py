@@ -7,6 +7,8 @@ fake `fi_info` first on PATH stands in for libfabric's, forking a helper as a re
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import select
 import signal
@@ -14,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -121,6 +124,98 @@ def test_a_stop_during_pip_ends_pip_and_its_tree_at_once(train_job, silent_serve
     assert any(cmdline(pid)[1:3] == ["-m", "pip"] for pid in descendants(train.pid))
     stopped = stop(train, sig)
     assert_stopped(job, train, stopped, sig, "pip install -r requirements.txt")
+
+
+def tiny_wheel(directory: Path, modules: int = 200) -> None:
+    """A pure-Python wheel, smhvdtiny 1.0, of `modules` small modules (enough for pip to spend a few tenths of
+    a second writing files and compiling them)."""
+    info = "smhvdtiny-1.0.dist-info"
+    files = {f"smhvdtiny/m{i}.py": f"X = {i}\n".encode() for i in range(modules)}
+    files["smhvdtiny/__init__.py"] = b""
+    files[f"{info}/METADATA"] = b"Metadata-Version: 2.1\nName: smhvdtiny\nVersion: 1.0\n"
+    files[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+
+    def record(name: str, data: bytes) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        return f"{name},sha256={digest},{len(data)}"
+
+    rows = [record(name, data) for name, data in files.items()] + [f"{info}/RECORD,,"]
+    files[f"{info}/RECORD"] = "".join(f"{row}\n" for row in rows).encode()
+    directory.mkdir()
+    with zipfile.ZipFile(directory / "smhvdtiny-1.0-py3-none-any.whl", "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+
+
+@pytest.fixture
+def local_pip(tmp_path: Path) -> dict[str, str]:
+    """`train`'s environment for a pip that installs smhvdtiny from a local wheel directory, into a target
+    directory (never into the venv running the tests), with an empty TMPDIR of the test's own."""
+    tiny_wheel(tmp_path / "wheels")
+    (tmp_path / "tmp").mkdir()
+    return {
+        "TMPDIR": str(tmp_path / "tmp"),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(tmp_path / "wheels"),
+        "PIP_TARGET": str(tmp_path / "target"),
+    }
+
+
+# Moments of `pip install` from a local wheel, in the order they come (pip 24; measured on 2 idle cores: pip
+# 0 s, pip-target-* 0.4 s, pip-unpack-* 0.7 s, the package's files 0.9 s, their byte code 1.0 s, done 1.3 s).
+# Each is a name that appears in TMPDIR (at any depth) at that moment; the first is pip's start.
+PIP_MOMENTS = ("pip", "pip-target-", "pip-unpack-", "m150.py", "__pycache__")
+
+
+def pip_moment(train: subprocess.Popen[str], tmpdir: Path) -> int:
+    """The latest of PIP_MOMENTS that pip has reached (-1: pip not started yet)."""
+    names = [name for _, dirs, files in os.walk(tmpdir) for name in (*dirs, *files)]
+    for index in range(len(PIP_MOMENTS) - 1, 0, -1):
+        if any(name.startswith(PIP_MOMENTS[index]) for name in names):
+            return index
+    return 0 if any(cmdline(pid)[1:3] == ["-m", "pip"] for pid in descendants(train.pid)) else -1
+
+
+def wait_for_moment(train: subprocess.Popen[str], tmpdir: Path, moment: int) -> None:
+    def reached() -> bool:
+        if train.poll() is not None:
+            raise AssertionError(
+                f"train exited ({train.returncode}) before pip reached {PIP_MOMENTS[moment]}"
+            )
+        if pip_moment(train, tmpdir) >= moment:
+            return True
+        raise NotYet(f"pip not at {PIP_MOMENTS[moment]} yet")
+
+    wait_until(reached, what=f"pip to reach {PIP_MOMENTS[moment]}", timeout=60, initial=0.001, maximum=0.002)
+
+
+def test_a_job_whose_requirements_installed_leaves_nothing_in_tmpdir(train_job, local_pip, tmp_path):
+    job = train_job("open('ran', 'w').write('ran')\n")
+    (job.code / "requirements.txt").write_text("smhvdtiny==1.0\n")
+    stderr = end(start(job, local_pip), 120)
+    assert (tmp_path / "target" / "smhvdtiny" / "m199.py").is_file(), stderr
+    assert (job.code / "ran").exists(), stderr
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [pytest.param(i, id=f"{PIP_MOMENTS[i]}{run}") for i in range(len(PIP_MOMENTS)) for run in "ab"],
+)
+def test_a_stop_at_any_moment_of_pip_leaves_nothing_in_tmpdir(train_job, local_pip, tmp_path, moment):
+    """pip removes its pip-* directories only when it exits normally or on KeyboardInterrupt: a SIGTERM (and
+    the SIGKILL after the grace) skips that; the step's own TMPDIR, removed by `train`, takes them."""
+    job = train_job(SCRIPT)
+    (job.code / "requirements.txt").write_text("smhvdtiny==1.0\n")
+    train = start(job, local_pip)
+    wait_for_moment(train, tmp_path / "tmp", moment)
+    stopped = stop(train, signal.SIGTERM)
+    assert_stopped(job, train, stopped, signal.SIGTERM, "pip install -r requirements.txt")
+    left = sorted(str(p.relative_to(tmp_path / "tmp")) for p in (tmp_path / "tmp").rglob("*"))
+    assert not left, left[:10]
 
 
 def test_sigusr1_during_preparation_is_harmless(train_job, silent_server):

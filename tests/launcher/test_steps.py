@@ -1,10 +1,12 @@
 """Preparation steps (proc/steps.py) with real processes: output kept, and nothing a step started left
 running, whether it exits, runs past its deadline, or is interrupted by a stop (an exception raised by a
-signal handler, as `train` raises StopRequested)."""
+signal handler, as `train` raises StopRequested); and whatever a step writes to its TMPDIR is gone when
+its wait ends, however it ended."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,15 +17,17 @@ from pathlib import Path
 import pytest
 
 from smhvd.proc.processes import is_alive
-from smhvd.proc.steps import OUTPUT_LIMIT, STOP_GRACE, StepResult, last_line, run_step
+from smhvd.proc.steps import OUTPUT_LIMIT, STOP_GRACE, StepResult, last_line, private_tmpdir, run_step
 from smhvd.proc.waiting import wait_until
 
-# A step that starts a helper (which keeps the step's stdout open) and a daemon in its own session, writes
-# their pids, prints bytes that are not UTF-8, then exits or hangs.
+# A step that writes a file in its TMPDIR, starts a helper (which keeps the step's stdout open) and a daemon
+# in its own session, writes their pids, prints bytes that are not UTF-8, then exits or hangs.
 LEAVES_HELPERS = textwrap.dedent(
     """
-    import os, subprocess, sys, time
+    import os, subprocess, sys, tempfile, time
     out = sys.argv[1]
+    with open(os.path.join(tempfile.gettempdir(), "scratch"), "w") as scratch:
+        scratch.write(tempfile.gettempdir())
     helper = subprocess.Popen(["sleep", "300"])
     daemon = subprocess.Popen(["sleep", "301"], start_new_session=True, stdout=subprocess.DEVNULL)
     with open(out + ".tmp", "w") as f:
@@ -60,11 +64,14 @@ DRIVER = textwrap.dedent(
 )
 
 
-def drive(step: list[str], timeout: float | None = None) -> subprocess.Popen[str]:
+def drive(step: list[str], tmpdir: Path, timeout: float | None = None) -> subprocess.Popen[str]:
+    """The driver with `tmpdir` (created here) as its TMPDIR."""
+    tmpdir.mkdir()
     return subprocess.Popen(
         [sys.executable, "-c", DRIVER, json.dumps(step), "" if timeout is None else str(timeout)],
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
     )
 
 
@@ -82,16 +89,22 @@ def wait_for(path: Path) -> None:
     wait_until(lambda: True if path.exists() else None, what=f"{path} to appear", timeout=30)
 
 
+def in_tmpdir(tmpdir: Path) -> list[str]:
+    return sorted(str(path.relative_to(tmpdir)) for path in tmpdir.rglob("*"))
+
+
+@pytest.mark.integration
 def test_output_is_kept_and_what_the_step_left_is_killed(tmp_path):
     pids = tmp_path / "pids"
     started = time.monotonic()
-    result = finish(drive([sys.executable, "-c", LEAVES_HELPERS, str(pids), "3"], timeout=60))
-    assert time.monotonic() - started < 30  # the helper holding stdout for 300 s did not hold the step
+    result = finish(drive([sys.executable, "-c", LEAVES_HELPERS, str(pids), "3"], tmp_path / "tmp", 120))
+    assert time.monotonic() - started < 100  # the helper holding stdout for 300 s did not hold the step
     assert result["returncode"] == 3
     stdout = bytes.fromhex(str(result["stdout"]))
     assert stdout == b"provider: efa\n\xff\xfe not UTF-8\n"
     assert bytes.fromhex(str(result["stderr"])) == b"to stderr\n"
     assert not any(is_alive(pid) for pid in helpers(pids))
+    assert in_tmpdir(tmp_path / "tmp") == []
 
 
 def test_output_is_data_never_a_decoding_error():
@@ -101,6 +114,7 @@ def test_output_is_data_never_a_decoding_error():
     assert last_line(b" \n", "no output") == "no output"
 
 
+@pytest.mark.integration
 def test_of_a_flood_of_output_the_beginning_and_the_end_are_kept():
     flood = "import sys; sys.stdout.buffer.write(b'provider: efa\\n' + b'x' * 5_000_000 + b'\\nlast line\\n')"
     result = run_step([sys.executable, "-c", flood], timeout=60)
@@ -109,39 +123,73 @@ def test_of_a_flood_of_output_the_beginning_and_the_end_are_kept():
     assert b"\n[...]\n" in result.stdout and len(result.stdout) <= OUTPUT_LIMIT + 7
 
 
+@pytest.mark.integration
 def test_a_step_past_its_deadline_is_ended_with_its_tree(tmp_path):
     pids = tmp_path / "pids"
-    result = finish(drive([sys.executable, "-c", LEAVES_HELPERS, str(pids), "hang"], timeout=3))
+    result = finish(drive([sys.executable, "-c", LEAVES_HELPERS, str(pids), "hang"], tmp_path / "tmp", 3))
     assert result["returncode"] is None
     assert b"provider: efa" in bytes.fromhex(str(result["stdout"]))
     assert not any(is_alive(pid) for pid in helpers(pids))
+    assert in_tmpdir(tmp_path / "tmp") == []
 
 
+@pytest.mark.integration
 def test_a_stop_ends_the_step_and_its_tree_at_once(tmp_path):
+    """Ended by the stop, not by the step's own end 300 s later (a deadline only a hang reaches: how fast a
+    stop ends `train` is measured in test_preparation_stops.py)."""
     pids = tmp_path / "pids"
-    driver = drive([sys.executable, "-c", LEAVES_HELPERS, str(pids), "hang"])
+    driver = drive([sys.executable, "-c", LEAVES_HELPERS, str(pids), "hang"], tmp_path / "tmp")
     wait_for(pids)
-    started = time.monotonic()
+    scratch = next((tmp_path / "tmp").glob("smhvd-step-*/scratch"))
+    assert scratch.read_text() == str(scratch.parent)  # the step's TMPDIR: a directory of its own, 0700
+    assert (scratch.parent.stat().st_mode & 0o777) == 0o700
     driver.send_signal(signal.SIGTERM)
     assert finish(driver) == {"stopped": True}
-    assert time.monotonic() - started < STOP_GRACE  # SIGTERM ended it: not the step's 300 s
     assert not any(is_alive(pid) for pid in helpers(pids))
+    assert in_tmpdir(tmp_path / "tmp") == []
 
 
+@pytest.mark.integration
 def test_a_step_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     ready = tmp_path / "ready"
     script = (
         "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         "pathlib.Path(sys.argv[1]).touch(); time.sleep(300)"
     )
-    driver = drive([sys.executable, "-c", script, str(ready)])
+    driver = drive([sys.executable, "-c", script, str(ready)], tmp_path / "tmp")
     wait_for(ready)
     started = time.monotonic()
     driver.send_signal(signal.SIGTERM)
     assert finish(driver) == {"stopped": True}
-    assert STOP_GRACE <= time.monotonic() - started < STOP_GRACE + 20
+    assert time.monotonic() - started >= STOP_GRACE  # the grace was given (its end: before the step's 300 s)
+    assert in_tmpdir(tmp_path / "tmp") == []
 
 
+def test_a_private_tmpdir_is_gone_however_its_block_ends(tmp_path):
+    with private_tmpdir(tmp_path) as made:
+        (made / "sub").mkdir()
+        (made / "sub" / "file").write_text("x")
+        assert made.parent == tmp_path and (made.stat().st_mode & 0o777) == 0o700
+
+    def interrupted() -> None:
+        with private_tmpdir(tmp_path) as made:
+            (made / "file").write_text("x")
+            raise KeyboardInterrupt  # as a stop raises StopRequested
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tmpdir_that_cannot_be_made_is_not_a_missing_program(tmp_path):
+    """FileNotFoundError from run_step means "no such program" (the EFA probe reads it so)."""
+    failed = "cannot create the step's temporary directory"
+    with pytest.raises(OSError, match=failed) as raised, private_tmpdir(tmp_path / "missing"):
+        pass
+    assert not isinstance(raised.value, FileNotFoundError)
+
+
+@pytest.mark.integration
 def test_a_missing_program_raises_file_not_found():
     with pytest.raises(FileNotFoundError):
         run_step(["/nonexistent/fi_info"])

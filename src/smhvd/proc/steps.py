@@ -10,6 +10,10 @@ job's log as it comes. However the wait ends, nothing the step started is left r
   and every process started since the step began get SIGTERM, and SIGKILL STOP_GRACE seconds later if any
   is still alive.
 
+A step writes its temporary files in a directory of its own (`private_tmpdir`: the step's TMPDIR, 0700, under
+the inherited one), removed once its processes are gone, however the wait ended: pip removes its pip-*
+directories only when it exits normally or on KeyboardInterrupt, and a stop ends it with SIGTERM.
+
 "Started since the step began" is exact because the launcher is a child subreaper (processes.py): a process
 that daemonizes is re-parented to the launcher, so it is still one of its descendants.
 """
@@ -18,11 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import selectors
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,12 +70,26 @@ def run_step(
 ) -> StepResult:
     """Run argv to its end (or `timeout` seconds); `echo` copies its output to this process's stderr as it
     comes. Raises what Popen raises (FileNotFoundError: no such program) and whatever interrupts the wait,
-    after the step's process tree was ended."""
+    after the step's process tree was ended. The step's TMPDIR is a directory of its own, gone when this
+    returns (`private_tmpdir`)."""
+    with private_tmpdir() as tmp:
+        step_env = {**(os.environ if env is None else env), "TMPDIR": str(tmp)}
+        return _run(argv, timeout, cwd, step_env, echo, merge_stderr)
+
+
+def _run(
+    argv: Sequence[str],
+    timeout: float | None,
+    cwd: Path | None,
+    env: Mapping[str, str],
+    echo: bool,
+    merge_stderr: bool,
+) -> StepResult:
     before = set(descendants())
     proc = subprocess.Popen(
         list(argv),
         cwd=cwd,
-        env=None if env is None else dict(env),
+        env=dict(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
@@ -91,6 +112,26 @@ def run_step(
             stream.close()
     out, err = [*(k.value() for k in kept.values()), b""][:2]
     return StepResult(proc.returncode if finished else None, out, err)
+
+
+@contextlib.contextmanager
+def private_tmpdir(parent: Path | None = None) -> Iterator[Path]:
+    """A new directory (0700) under `parent` (default: this process's temporary directory), removed with
+    everything in it when the block ends, however it ends. A stop that lands during the removal is raised
+    after it (PreparationSignals acts on the first stop only, so the second attempt runs undisturbed)."""
+    path = (parent or Path(tempfile.gettempdir())) / f"smhvd-step-{secrets.token_hex(8)}"
+    try:
+        path.mkdir(mode=0o700)
+    except OSError as exc:  # not a FileNotFoundError: to the callers that means "no such program"
+        raise OSError(f"cannot create the step's temporary directory in {path.parent}: {exc}") from None
+    try:
+        yield path
+    finally:
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
 
 
 def _wait(proc: subprocess.Popen[bytes], kept: dict[int, _Kept], echo: bool, deadline: float | None) -> bool:
