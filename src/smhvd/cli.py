@@ -64,17 +64,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--log-level",
         type=_log_level_arg,
         default=None,
-        help="launcher log level: DEBUG, INFO, WARNING, ERROR (any case) or a number (env SMHVD_LOG_LEVEL; "
-        "default: the SDK's sagemaker_container_log_level hyperparameter, else INFO)",
+        help="launcher log level: DEBUG, INFO, WARNING, ERROR (any case) or a number, 0 for every record "
+        "(env SMHVD_LOG_LEVEL; default: the SDK's sagemaker_container_log_level hyperparameter, else INFO)",
     )
     return parser.parse_args(argv)
+
+
+def set_level(level: int) -> None:
+    """The launcher's log level; 0 (logging.NOTSET) logs every record, as it does on Python's root logger (on
+    a named logger NOTSET would defer to the root's WARNING: the lowest level would show the least)."""
+    log.setLevel(max(level, 1))
 
 
 def configure_logging(level: int) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[smhvd %(asctime)s] %(levelname)s %(message)s", "%H:%M:%S"))
     log.handlers[:] = [handler]
-    log.setLevel(level)
+    set_level(level)
     log.propagate = False
 
 
@@ -102,7 +108,7 @@ def _main(argv: list[str]) -> int:
                 level = log_level(env_level)
             except ValueError:
                 raise ConfigError("environment", "SMHVD_LOG_LEVEL", LOG_LEVEL_EXPECTED, env_level) from None
-            log.setLevel(level)
+            set_level(level)
         from .launch import launch  # imported here so that `train --help` is instant
 
         return launch(paths, log_level_from_job=level is None)

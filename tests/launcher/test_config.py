@@ -1,7 +1,9 @@
 import json
+import logging
 
 import pytest
 
+from smhvd.cli import configure_logging, log_level
 from smhvd.config.sagemaker_files import (
     InstanceGroup,
     ResourceConfig,
@@ -140,3 +142,19 @@ def test_a_bad_ssh_port_is_a_configuration_error(raw):
     with pytest.raises(ConfigError, match=r"^environment: SMHVD_SSH_PORT: expected a TCP port number") as err:
         ssh_port({"SMHVD_SSH_PORT": raw})
     assert err.value.exit_code == EX_CONFIG  # 78, like every other bad setting (it was 69, "unavailable")
+
+
+@pytest.mark.parametrize(
+    ("text", "debug", "info"), [("0", True, True), ("10", True, True), ("info", False, True)]
+)
+def test_the_launcher_log_level_0_logs_every_record(text, debug, info):
+    # logging.NOTSET on a named logger would defer to the root logger's WARNING: the lowest level, least shown
+    logger = logging.getLogger("smhvd")
+    saved = (logger.level, logger.handlers[:], logger.propagate)
+    try:
+        configure_logging(log_level(text))
+        assert (logger.isEnabledFor(logging.DEBUG), logger.isEnabledFor(logging.INFO)) == (debug, info)
+    finally:
+        logger.setLevel(saved[0])
+        logger.handlers[:] = saved[1]
+        logger.propagate = saved[2]

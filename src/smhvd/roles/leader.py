@@ -1,4 +1,5 @@
-"""The leader (sorted(hosts)[0]): hostfile, reach the workers, run mpirun, report, tell the workers."""
+"""The leader (Job.leader: the first of the sorted MPI hosts): hostfile, reach the workers, run mpirun,
+report, tell the workers."""
 
 from __future__ import annotations
 
