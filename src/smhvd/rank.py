@@ -6,9 +6,10 @@ argv in SMHVD_RANK_ARGV (so that no user value is ever parsed by mpirun); starte
   set in its container. Only the `train` that started this rank may answer. Without it the rank does not
   start (exit 69, one line naming why).
 - Passes the program's stdout and stderr on in whole lines, each tagged with its rank and host unless
-  launcher_tag_output is false (proc/lines.py), and keeps the tail of its stderr; when the program fails,
-  prints one marker line (wire.FAILURE_MARKER + JSON) that the leader picks out of mpirun's output as the root
-  cause.
+  launcher_tag_output is false, lines in progress (progress bars) shown while they run (proc/lines.py). Under
+  the launcher it writes them, its start and, when the program fails, the failure with the tail of the
+  program's stderr, as records on its own stderr (wire.py), which the leader reassembles (mpi/output.py): no
+  line is cut by another rank's, whatever its size, and nothing waits for mpirun to read.
 - Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP to the program. A stop request (SIGTERM or SIGINT) that
   ends the program counts as a clean exit, so mpirun does not kill the other ranks while they checkpoint.
 - The program dies with the wrapper (PR_SET_PDEATHSIG): nothing outlives a killed rank. The rank ends when
@@ -26,11 +27,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections import deque
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 
+from smhvd import wire
 from smhvd.errors import EX_NOT_STARTED, EX_UNAVAILABLE, EX_USAGE, LauncherError, exit_status
-from smhvd.proc.lines import LineWriter, tag, write_paced
+from smhvd.proc.lines import Lines, Out, tag, write_all
 from smhvd.proc.processes import (
     ancestors,
     become_subreaper,
@@ -42,7 +43,7 @@ from smhvd.report.failure import RankFailure
 from smhvd.report.summary import RankStart
 from smhvd.roles import hostenv
 from smhvd.roles.sshd import ssh_port
-from smhvd.wire import OUTPUT_CHANNEL, RANK_ARGV, SERVED, STDOUT_MARK, TAG_OUTPUT
+from smhvd.wire import OUTPUT_CHANNEL, RANK_ARGV, RECORDS, SERVED, TAG_OUTPUT
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -65,55 +66,96 @@ def _identity(env: Mapping[str, str]) -> tuple[int | None, str | None]:
     return (int(rank) if rank and rank.isdigit() else None), env.get("SM_CURRENT_HOST")
 
 
-def output_until_exit(proc: subprocess.Popen[bytes]) -> Iterator[tuple[int, bytes]]:
-    """(fd, chunk) of the program's stdout and stderr as they come, until the program exits (not until every
-    copy of the pipes closes: a child it left running may hold them forever); then what is already in the
-    pipes, bounded."""
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    fds = {proc.stdout.fileno(), proc.stderr.fileno()}
+def follow(
+    proc: subprocess.Popen[bytes],
+    on_output: Callable[[int, bytes], object],
+    next_due: Callable[[], float | None] = lambda: None,
+    on_due: Callable[[], object] = lambda: None,
+) -> None:
+    """Pass the program's stdout and stderr to `on_output(fd, chunk)` as they come, and call `on_due` once
+    `next_due()` (time.monotonic()) has come, until the program exits: not until every copy of its pipes
+    closes (a child it left running may hold them and write forever). Then what is already in the pipes,
+    bounded."""
+    fds = {f.fileno() for f in (proc.stdout, proc.stderr) if f is not None}
     exited = os.pidfd_open(proc.pid)
     try:
         with selectors.DefaultSelector() as sel:
             for fd in fds:
                 sel.register(fd, selectors.EVENT_READ)
             sel.register(exited, selectors.EVENT_READ)
-            while fds:
-                ready = {key.fd for key, _ in sel.select()}
-                readable = ready & fds
-                for fd in sorted(readable):
+            while True:
+                due = next_due()
+                timeout = None if due is None else max(0.0, due - time.monotonic())
+                ready = {key.fd for key, _ in sel.select(timeout)}
+                if exited in ready:
+                    break
+                for fd in sorted(ready & fds):
                     chunk = os.read(fd, 65536)
                     if chunk:
-                        yield fd, chunk
+                        on_output(fd, chunk)
                     else:
                         sel.unregister(fd)
                         fds.discard(fd)
-                if not readable and exited in ready:
-                    break
+                on_due()
     finally:
         os.close(exited)
     for fd in sorted(fds):
         for chunk in drain_pipe(fd):
-            yield fd, chunk
+            on_output(fd, chunk)
 
 
-def unavailable(exc: LauncherError) -> int:
-    """The rank cannot start: one line, and the failure marker that makes it the job's reported cause."""
+class Sink:
+    """Where the rank's output goes: records on stderr under the launcher (`records`), else each stream to
+    where it came from."""
+
+    def __init__(self, records: bool) -> None:
+        self.records = records
+
+    def send(self, kind: int, data: bytes) -> None:
+        if not data:
+            return
+        if self.records:
+            for chunk in wire.writes(wire.records(kind, data)):
+                write_all(2, chunk)  # whole records, at most PIPE_BUF bytes: one atomic write each
+        elif kind in (wire.STDOUT, wire.STDOUT_NOW):
+            write_all(1, data)
+        elif kind in (wire.STDERR, wire.STDERR_NOW):
+            write_all(2, data)
+
+    def out(self, kinds: tuple[int, int], out: Out) -> None:
+        self.send(kinds[0], out.lines)
+        self.send(kinds[1], out.now)
+
+
+def unavailable(exc: LauncherError, sink: Sink) -> int:
+    """The rank cannot start: one line, and the failure report that makes it the job's reported cause."""
     message = f"smhvd.rank: {exc}\n"
-    os.write(2, message.encode())
     rank, _ = _identity(os.environ)
     host = socket.gethostname()  # not SM_CURRENT_HOST: without this host's environment that is the leader's
+    sink.send(wire.STDERR, message.encode())
     failure = RankFailure(rank=rank, host=host, exit_code=EX_UNAVAILABLE, signal=None, stderr_tail=message)
-    os.write(2, failure.to_marker().encode())
+    sink.send(wire.FAILURE, failure.to_json())
     return EX_UNAVAILABLE
+
+
+class Tail:
+    """The last `limit` bytes of a stream."""
+
+    def __init__(self, limit: int = TAIL_BYTES) -> None:
+        self.limit = limit
+        self.data = b""
+
+    def add(self, chunk: bytes) -> None:
+        self.data = (self.data + chunk)[-self.limit :]
 
 
 def run(program: list[str]) -> int:
     become_subreaper()  # what the program leaves behind is re-parented here, and killed when it exits
+    sink = Sink(records=os.environ.get(OUTPUT_CHANNEL) == RECORDS)
     try:
         env = local_env(os.environ)
     except LauncherError as exc:
-        return unavailable(exc)
+        return unavailable(exc, sink)
     stop_requested = False
     proc = subprocess.Popen(
         program,
@@ -122,7 +164,8 @@ def run(program: list[str]) -> int:
         stderr=subprocess.PIPE,
         preexec_fn=rank_program_preexec,  # noqa: PLW1509
     )
-    os.write(2, RankStart(*_identity(env), at=time.time()).to_marker().encode())  # for the job summary
+    rank, host = _identity(env)
+    sink.send(wire.START, RankStart(rank, host, at=time.time()).to_json())  # for the job summary
 
     def forward(signum: int, _frame: object) -> None:
         nonlocal stop_requested
@@ -135,33 +178,36 @@ def run(program: list[str]) -> int:
         signal.signal(sig, forward)
 
     tagged = env.get(TAG_OUTPUT, "1") != "0"
-    rank, host = _identity(env)
     assert proc.stdout is not None
     assert proc.stderr is not None
-    # Under the launcher's supervisor, both streams go through stderr (a pipe it can pace), stdout's lines
-    # marked (proc/lines.py); run by hand, each goes where it came from.
-    merged = env.get(OUTPUT_CHANNEL) == "stderr"
-    out_fd, out_mark = (2, STDOUT_MARK) if merged else (1, b"")
-    writers = {
-        proc.stdout.fileno(): LineWriter(
-            lambda b: write_paced(out_fd, out_mark + b), tag(rank, host, "stdout") if tagged else b""
+    err_fd = proc.stderr.fileno()
+    streams = {
+        proc.stdout.fileno(): (
+            Lines(tag(rank, host, "stdout") if tagged else b""),
+            (wire.STDOUT, wire.STDOUT_NOW),
         ),
-        proc.stderr.fileno(): LineWriter(
-            lambda b: write_paced(2, b), tag(rank, host, "stderr") if tagged else b""
-        ),
+        err_fd: (Lines(tag(rank, host, "stderr") if tagged else b""), (wire.STDERR, wire.STDERR_NOW)),
     }
-    tail: deque[bytes] = deque()
-    size = 0
-    for fd, chunk in output_until_exit(proc):
-        writers[fd].feed(chunk)
-        if fd != proc.stderr.fileno():
-            continue
-        tail.append(chunk)
-        size += len(chunk)
-        while size > TAIL_BYTES and len(tail) > 1:
-            size -= len(tail.popleft())
-    for writer in writers.values():
-        writer.flush()
+    tail = Tail()
+
+    def output(fd: int, chunk: bytes) -> None:
+        lines, kinds = streams[fd]
+        sink.out(kinds, lines.feed(chunk, time.monotonic()))
+        if fd == err_fd:
+            tail.add(chunk)
+
+    def next_due() -> float | None:
+        return min((d for lines, _ in streams.values() if (d := lines.due) is not None), default=None)
+
+    def progress() -> None:
+        now = time.monotonic()
+        for lines, kinds in streams.values():
+            sink.out(kinds, lines.progress(now))
+
+    with proc.stdout, proc.stderr:
+        follow(proc, output, next_due, progress)
+        for lines, kinds in streams.values():
+            sink.out(kinds, lines.finish())
     code = proc.wait()
     # The job's end is the program's exit: what it left running (a child holding its stdout or stderr, which
     # mpirun would wait for) is killed now. This wrapper is their subreaper, so daemons are found too.
@@ -174,9 +220,9 @@ def run(program: list[str]) -> int:
         host=host,
         exit_code=code if code > 0 else None,
         signal=-code if code < 0 else None,
-        stderr_tail=b"".join(tail).decode(errors="replace")[-TAIL_BYTES:],
+        stderr_tail=tail.data.decode(errors="replace"),
     )
-    os.write(2, failure.to_marker().encode())
+    sink.send(wire.FAILURE, failure.to_json())
     if code < 0:  # die the same way, so mpirun reports the signal
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(-code, signal.SIG_DFL)
@@ -202,8 +248,13 @@ def main(argv: list[str] | None = None) -> int:
         return EX_USAGE
     try:
         return run(args)
-    except FileNotFoundError as exc:
-        sys.stderr.write(f"smhvd.rank: cannot run {args[0]}: {exc.strerror}\n")
+    except (FileNotFoundError, PermissionError) as exc:
+        message = f"smhvd.rank: cannot run {args[0]}: {exc.strerror}\n"
+        sink = Sink(records=os.environ.get(OUTPUT_CHANNEL) == RECORDS)
+        sink.send(wire.STDERR, message.encode())
+        rank, host = _identity(os.environ)
+        failure = RankFailure(rank=rank, host=host, exit_code=EX_NOT_STARTED, stderr_tail=message)
+        sink.send(wire.FAILURE, failure.to_json())
         return EX_NOT_STARTED
 
 

@@ -1,28 +1,50 @@
 """What the launcher's processes tell each other: every format that crosses a process boundary, in one place.
 
-- the rank wrapper to the leader, in mpirun's stderr: its start and failure markers (a marker and one line of
-  JSON), and its program's stdout lines, behind STDOUT_MARK (proc/lines.py);
+- the rank wrapper to the leader, in mpirun's stderr: records (below) that carry its program's stdout and
+  stderr, its start and its failure, reassembled by the leader (mpi/output.py; why: docs/output.md);
 - the leader to each rank, in the environment: the program's argv (RANK_ARGV), whether lines are tagged
-  (TAG_OUTPUT), where output goes (OUTPUT_CHANNEL) and where the rank's host serves its environment (SERVED);
+  (TAG_OUTPUT), whether to write records (OUTPUT_CHANNEL) and where the rank's host serves its environment
+  (SERVED);
 - the leader to each worker, over the link (`python -m smhvd.link` over ssh): JSON lines, `ready` first.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
-# The rank wrapper's markers, each the start of one line of mpirun's stderr followed by JSON.
-FAILURE_MARKER = "@@smhvd-rank-failure@@ "
-START_MARKER = "@@smhvd-rank-start@@ "
-# First byte of a line a rank's program wrote to its stdout, on the rank wrapper's stderr (proc/lines.py).
-STDOUT_MARK = b"\x1d"
+# Records: the rank wrapper's stderr (a pipe that Open MPI reads in pieces of at most RECORD_MAX bytes and
+# forwards, with --tag-output, behind a tag `[JOB,RANK]<stderr>:` each) is a sequence of records
+# RECORD_START KIND BODY RECORD_END, every write of the wrapper whole records and at most RECORD_MAX bytes.
+# A write that size is atomic, so a piece Open MPI reads ends at a record's end unless it is RECORD_MAX bytes
+# long: that is how the leader tells where a piece ends. A BODY is one stream's bytes with every newline
+# written as LINE_END and the four control bytes below escaped, so it never holds a newline (Open MPI would
+# tag the next line) nor a byte that could end the record.
+RECORD_MAX = 4096  # PIPE_BUF on Linux, and Open MPI 4.1's read size (ORTE_IOF_BASE_MSG_MAX)
+RECORD_START = 0x1C
+ESCAPE = 0x1D
+LINE_END = 0x1E
+RECORD_END = 0x1F
+# Kinds: the program's stdout and stderr as lines (what follows the last LINE_END waits for the rest of its
+# line), the same but shown at once whole or not (a line in progress, launcher_tag_output=false), and the
+# wrapper's own start and failure reports (one JSON document a line).
+STDOUT = ord("O")
+STDERR = ord("E")
+STDOUT_NOW = ord("o")
+STDERR_NOW = ord("e")
+START = ord("S")
+FAILURE = ord("F")
+KINDS = frozenset({STDOUT, STDERR, STDOUT_NOW, STDERR_NOW, START, FAILURE})
+_ESCAPES = ((b"\x1d", b"\x1d1"), (b"\x1c", b"\x1d0"), (b"\x1e", b"\x1d2"), (b"\x1f", b"\x1d3"))
+_SPECIAL = re.compile(rb"[\x1c-\x1f]")
 
 # The program's argv under mpirun (JSON, from roles/leader.mpirun_rank_command), never on its command line.
 RANK_ARGV = "SMHVD_RANK_ARGV"
 # "0": the program's lines are passed on whole but untagged (launcher_tag_output).
 TAG_OUTPUT = "SMHVD_TAG_OUTPUT"
-# "stderr": the launcher's supervisor demultiplexes the wrapper's stderr (proc/lines.py).
+# "records": the launcher's supervisor reads the wrapper's stderr as records (above).
 OUTPUT_CHANNEL = "SMHVD_RANK_OUTPUT"
+RECORDS = "records"
 # Where each host's `train` serves its ranks' environment: the leader's own directory (roles/hostenv.py).
 SERVED = "SMHVD_HOSTENV"
 
@@ -42,3 +64,56 @@ def decode(line: bytes) -> dict[str, object] | None:
     except ValueError:
         return None
     return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None
+
+
+def escape(data: bytes) -> bytes:
+    """`data` without a byte of 0x1C-0x1F (each written as ESCAPE and a digit). Pure."""
+    if _SPECIAL.search(data) is None:
+        return data
+    for raw, escaped in _ESCAPES:
+        data = data.replace(raw, escaped)
+    return data
+
+
+def unescape(data: bytes) -> bytes:
+    """The inverse of escape. Pure."""
+    if b"\x1d" not in data:
+        return data
+    for raw, escaped in reversed(_ESCAPES):  # ESCAPE itself last: what it gives back is never read again
+        data = data.replace(escaped, raw)
+    return data
+
+
+def records(kind: int, data: bytes) -> list[bytes]:
+    """`data` (one stream's bytes, or JSON lines) as records of at most RECORD_MAX bytes each. Pure."""
+    body = escape(data).replace(b"\n", b"\x1e")
+    room = RECORD_MAX - 3
+    head = bytes((RECORD_START, kind))
+    out: list[bytes] = []
+    start = 0
+    while start < len(body):
+        end = min(start + room, len(body))
+        if end < len(body) and body[end - 1] == ESCAPE:
+            end -= 1  # an escape and its digit stay in one record
+        out.append(head + body[start:end] + b"\x1f")
+        start = end
+    return out
+
+
+def writes(recs: list[bytes]) -> list[bytes]:
+    """Records packed into writes of at most RECORD_MAX bytes, each holding whole records. Pure."""
+    out: list[bytes] = []
+    batch = b""
+    for rec in recs:
+        if len(batch) + len(rec) > RECORD_MAX:
+            out.append(batch)
+            batch = b""
+        batch += rec
+    if batch:
+        out.append(batch)
+    return out
+
+
+def body_lines(body: bytes) -> bytes:
+    """A record body's bytes as the stream had them (LINE_END back to newlines, escapes undone). Pure."""
+    return unescape(body.replace(b"\x1e", b"\n"))

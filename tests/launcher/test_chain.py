@@ -14,7 +14,7 @@ from smhvd_dev.mltree import write_ml_tree
 
 PROGRAM = ("/venv/bin/python", "-m", "smhvd.rank")
 HARDWARE = Hardware(cpus=4, gpus=0)
-START = ["mpirun", "--allow-run-as-root"]
+START = ["mpirun", "--allow-run-as-root", "--tag-output"]
 DEFAULTS = [
     "--bind-to", "none", "--map-by", "slot",
     "--mca", "orte_abort_on_non_zero_status", "1", "--mca", "odls_base_sigkill_timeout", "0",

@@ -1,7 +1,8 @@
 import os
 
+from smhvd import wire
 from smhvd.mpi.output import StderrFilter, parse_mpirun_verdict
-from smhvd.report.failure import MARKER, RankFailure, compose, write_failure
+from smhvd.report.failure import RankFailure, compose, write_failure
 
 
 def test_headlines():
@@ -9,14 +10,13 @@ def test_headlines():
     assert RankFailure(rank=0, host=None, signal=9).headline() == "rank 0 was killed by signal 9 (SIGKILL)"
 
 
-def test_marker_round_trip_keeps_everything():
+def test_json_round_trip_keeps_everything():
     failure = RankFailure(
-        rank=3, host="algo-4", exit_code=2, stderr_tail='Traceback\n  "quoted"\nValueError: x'
+        rank=3, host="algo-4", exit_code=2, stderr_tail='Traceback\n  "quoted"\nValueError: é \x1b[31mx'
     )
-    line = failure.to_marker()
-    assert line.startswith(MARKER) and line.endswith("\n") and line.count("\n") == 1
-    assert RankFailure.from_marker(line.rstrip("\n")) == failure
-    assert RankFailure.from_marker(MARKER + "{not json") is None
+    line = failure.to_json()
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert RankFailure.from_json(line) == failure
 
 
 def test_compose_keeps_headline_and_the_end_of_stderr_within_the_limit():
@@ -35,23 +35,17 @@ def test_failure_file_first_writer_wins(tmp_path):
     assert path.read_text() == "first"
 
 
-def test_filter_removes_markers_split_across_chunks_and_passes_the_rest_at_once():
-    marker = RankFailure(rank=1, host="algo-2", exit_code=3, stderr_tail="boom").to_marker().encode()
+def test_mpiruns_own_text_passes_and_a_rank_failure_comes_only_in_its_record():
+    report = RankFailure(rank=1, host="algo-2", exit_code=3, stderr_tail="boom")
+    record = b"".join(wire.records(wire.FAILURE, report.to_json()))
     f = StderrFilter()
-    shown = f.feed(b"epoch 1 loss 0.5\nprogress 10%\r")
-    assert shown == b"epoch 1 loss 0.5\nprogress 10%\r"
-    shown += f.feed(b"\n" + marker[:10])
-    shown += f.feed(marker[10:] + b"after\n")
+    looks_like_one = b"@@smhvd-rank-failure@@ " + report.to_json()  # plain text: never taken for a report
+    shown = f.feed(b"epoch 1 loss 0.5\n" + looks_like_one)
+    shown += f.feed(b"[1,1]<stderr>:" + record[:10])
+    shown += f.feed(record[10:] + b"after\n")
     shown += f.flush()
-    assert shown == b"epoch 1 loss 0.5\nprogress 10%\r\nafter\n"
-    assert f.failures == [RankFailure(rank=1, host="algo-2", exit_code=3, stderr_tail="boom")]
-
-
-def test_a_marker_in_the_middle_of_a_line_is_not_taken():
-    f = StderrFilter()
-    text = b"user text " + RankFailure(rank=0, host=None, exit_code=1).to_marker().encode()
-    assert f.feed(text) == text
-    assert f.failures == []
+    assert shown == b"epoch 1 loss 0.5\n" + looks_like_one + b"after\n"
+    assert f.failures == [report]
 
 
 MPIRUN_EXIT = """--------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from smhvd.config.launcher_options import parse_launcher_options
 from smhvd.config.sagemaker_files import parse_resource_config, read_json
 from smhvd.errors import HostEnvError
 from smhvd.proc import processes
-from smhvd.report.failure import RankFailure
 from smhvd.roles import hostenv
 from smhvd_dev.mltree import write_ml_tree
 
@@ -263,10 +262,8 @@ def test_a_rank_without_its_hosts_environment_fails_in_one_line(port):
         check=False,
     )
     assert proc.returncode == 69
-    lines = proc.stderr.splitlines()
-    assert lines[0].startswith("smhvd.rank: timed out after 0.5s waiting for this host's environment")
-    failure = RankFailure.from_marker(lines[1])
-    assert failure is not None and failure.rank == 3 and failure.exit_code == 69
+    assert proc.stderr.startswith("smhvd.rank: timed out after 0.5s waiting for this host's environment")
+    assert proc.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ def test_one_host_argv():
     assert build_mpirun_argv(one_host(forward=("PATH", "SM_HOSTS"))) == [
         "mpirun",
         "--allow-run-as-root",
+        "--tag-output",
         "-np",
         "2",
         "--hostfile",
@@ -57,6 +58,7 @@ def test_multi_host_argv_uses_the_interface_and_ssh_config():
     assert build_mpirun_argv(plan) == [
         "mpirun",
         "--allow-run-as-root",
+        "--tag-output",
         "-np",
         "4",
         "--hostfile",

@@ -1,21 +1,22 @@
-"""The job summary: rank start markers, the summary itself, and the Horovod share of a timeline."""
+"""The job summary: rank start records, the summary itself, and the Horovod share of a timeline."""
 
 import json
 
 import pytest
 
+from smhvd import wire
 from smhvd.mpi.output import StderrFilter
 from smhvd.report.summary import RankStart, horovod_op_share, summarize, timeline_events, union_length
 
 
-def test_start_markers_are_consumed_from_mpiruns_output_and_read_back():
-    marker = RankStart(rank=1, host="algo-2", at=1000.5).to_marker()
+def test_start_records_are_taken_from_mpiruns_output_and_read_back():
+    start = RankStart(rank=1, host="algo-2", at=1000.5)
     output = StderrFilter()
-    text = ("epoch 1\n" + marker + "epoch 2\n").encode()
-    shown = b"".join(output.feed(text[i : i + 3]) for i in range(0, len(text), 3))
+    text = b"epoch 1\n[1,1]<stderr>:" + b"".join(wire.records(wire.START, start.to_json())) + b"epoch 2\n"
+    shown = b"".join(output.feed(text[i : i + 3]) for i in range(0, len(text), 3)) + output.flush()
     assert shown == b"epoch 1\nepoch 2\n"
-    assert output.starts == [RankStart(rank=1, host="algo-2", at=1000.5)]
-    assert RankStart.from_marker(marker[:-1] + "garbage") is None
+    assert output.starts == [start]
+    assert RankStart.from_json(start.to_json()[:-2] + b"garbage") is None
 
 
 def test_summary_counts_ranks_where_they_started_and_times_from_train_start():

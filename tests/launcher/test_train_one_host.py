@@ -58,7 +58,7 @@ def test_two_ranks_each_record_their_environment(train_job):
             "secret": None,
         }
     assert job.failure() is None
-    assert "mpirun --allow-run-as-root -np 2" in result.stderr
+    assert "mpirun --allow-run-as-root --tag-output -np 2" in result.stderr
 
 
 def test_a_crashing_rank_gives_its_exit_code_and_stderr_in_the_failure_file(train_job):

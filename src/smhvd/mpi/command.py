@@ -223,6 +223,7 @@ def build_mpirun_argv(plan: MpiPlan) -> list[str]:
     argv = [
         "mpirun",
         "--allow-run-as-root",
+        "--tag-output",  # the leader reads the ranks' output by these tags (mpi/output.py)
         "-np",
         str(plan.num_processes),
         "--hostfile",

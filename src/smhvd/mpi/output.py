@@ -1,8 +1,17 @@
-"""Read mpirun's stderr as it streams: pass it through, pick out rank-failure markers and mpirun's verdict.
+"""Read mpirun's stderr as it streams: the ranks' records, mpirun's own words, and mpirun's verdict.
 
-`StderrFilter.feed` returns the bytes to show (marker lines are removed, everything else is passed at once,
-partial lines included, so progress bars keep working). When no marker arrived (the wrapper itself was
-killed), `parse_mpirun_verdict` reads mpirun's own message for the failing rank, host and code.
+mpirun runs with --tag-output, so every piece of a rank wrapper's stderr that Open MPI read (at most
+wire.RECORD_MAX bytes) comes behind a tag naming its rank, `[JOB,RANK]<stderr>:`. The wrapper writes whole
+records of at most that size in one write each (wire.py), so a piece ends at the end of a record unless it is
+RECORD_MAX bytes long. `Records` follows each rank's pieces with that rule, joins each rank's records and
+each stream's lines whatever came between them (other ranks' pieces, mpirun's own messages), and hands on
+whole lines; everything that is not a record (mpirun's and Open MPI's own messages) passes as text. The
+design and why it holds: docs/output.md.
+
+`StderrFilter` routes what `Records` gives: the ranks' stdout lines to stdout, their stderr lines and
+mpirun's text to stderr, the start and failure reports to the job summary and the failure file. When no
+failure report arrived (the wrapper itself was killed), `parse_mpirun_verdict` reads mpirun's own message
+for the failing rank, host and code.
 
 It also notices when Open MPI announces that the job aborts (`abort_notice`: the first sentence of that
 message). Ranks that cannot reach each other print such a notice and may then never exit (stuck in a
@@ -14,13 +23,127 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from smhvd.report.failure import MARKER, RankFailure
+from smhvd import wire
+from smhvd.report.failure import RankFailure
 from smhvd.report.summary import RankStart
-from smhvd.wire import START_MARKER, STDOUT_MARK
 
-_MARK = MARKER.encode()
-_START = START_MARKER.encode()
-_MARKS = (_MARK, _START, STDOUT_MARK)
+TEXT = 0  # Records' kind for what is not a record
+MAX_LINE = 1 << 20  # a rank's line in progress is held up to this size, then passed on as it is
+_DIRECT = b"-"  # the rank of records that came without a tag (one rank wrapper run without mpirun)
+_TAG = re.compile(rb"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
+_TEXT_END = re.compile(rb"\n|\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:|\x1c")
+_NOW = {wire.STDOUT_NOW: wire.STDOUT, wire.STDERR_NOW: wire.STDERR}
+_LINES = (wire.STDOUT, wire.STDERR)
+
+
+class Records:
+    """mpirun --tag-output's stderr (or one rank wrapper's, run directly) taken apart. `feed` returns, in
+    order, (TEXT, bytes) for what is not a record and (kind, bytes) for the whole lines of each record kind
+    (wire.STDOUT and wire.STDERR: the streams' bytes; wire.START and wire.FAILURE: one JSON a line)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._rank: bytes | None = None  # the rank whose piece is being read
+        self._left: int | None = None  # at most this many bytes of the piece are left (None: no limit)
+        self._tag = b""  # the piece's tag, until something of the piece was read
+        self._records: dict[bytes, bytearray] = {}  # per rank: the record being read (its kind first)
+        self._pending: dict[tuple[bytes, int], bytes] = {}  # per rank and kind: its line in progress
+
+    def feed(self, data: bytes, final: bool = False) -> list[tuple[int, bytes]]:
+        buf = self._buf + data
+        events: list[tuple[int, bytes]] = []
+        p, n = 0, len(buf)
+        while p < n:
+            if self._rank is not None:
+                p += self._piece(buf, p, events)
+                continue
+            if buf[p] == ord("["):
+                tagged = _TAG.match(buf, p)
+                if tagged:
+                    self._rank, self._left, self._tag = tagged.group(1), wire.RECORD_MAX, tagged.group(0)
+                    p = tagged.end()
+                    continue
+                if not final and n - p < 64 and b"\n" not in buf[p:]:
+                    break  # perhaps a tag cut short
+            elif buf[p] == wire.RECORD_START:
+                self._rank, self._left, self._tag = _DIRECT, None, b""
+                continue
+            found = _TEXT_END.search(buf, p) if buf[p] == ord("\n") else _TEXT_END.search(buf, p + 1)
+            if found is None:
+                if not final and n - p < 65536:
+                    break  # the rest of the line is coming
+                end = n
+            else:
+                end = found.end() if found.group() == b"\n" else found.start()
+            events.append((TEXT, buf[p:end]))
+            p = end
+        self._buf = buf[p:]
+        return events
+
+    def _piece(self, buf: bytes, p: int, events: list[tuple[int, bytes]]) -> int:
+        """Read on in the current rank's piece from `p` (< len(buf)): how many bytes were taken."""
+        rank = self._rank
+        assert rank is not None
+        limit = len(buf) if self._left is None else min(len(buf), p + self._left)
+        record = self._records.get(rank)
+        if record is None:  # between records
+            if buf[p] != wire.RECORD_START:  # the piece ended here: what follows is not this rank's
+                if self._tag:  # a line the rank wrapper wrote itself, behind Open MPI's tag
+                    events.append((TEXT, self._tag))
+                self._rank = None
+                return 0
+            self._records[rank] = bytearray()
+            end = p + 1
+        else:
+            found = buf.find(b"\x1f", p, limit)
+            end = limit if found < 0 else found + 1
+            record += buf[p : end if found < 0 else found]
+            if found >= 0:
+                del self._records[rank]
+                self._complete(rank, bytes(record), events)
+        self._tag = b""
+        if self._left is not None:
+            self._left -= end - p
+            if self._left <= 0:
+                self._rank = None
+        return end - p
+
+    def _complete(self, rank: bytes, record: bytes, events: list[tuple[int, bytes]]) -> None:
+        if not record:
+            return
+        kind, body = record[0], record[1:]
+        if kind not in wire.KINDS:
+            events.append((TEXT, wire.body_lines(body)))
+            return
+        stream = _NOW.get(kind, kind)
+        pending = self._pending.pop((rank, stream), b"") + body
+        if kind in _NOW:
+            out, pending = pending, b""
+        else:
+            cut = pending.rfind(b"\x1e") + 1
+            out, pending = pending[:cut], pending[cut:]
+            if len(pending) > MAX_LINE and stream in _LINES:  # too long to hold: passed on as it is
+                keep = 1 if pending.endswith(b"\x1d") else 0  # an escape stays with its digit
+                out, pending = out + pending[: len(pending) - keep], pending[len(pending) - keep :]
+        if pending:
+            self._pending[(rank, stream)] = pending
+        if out:
+            events.append((stream, wire.body_lines(out)))
+
+    def finish(self) -> list[tuple[int, bytes]]:
+        """The stream ended: what is left, records cut short and lines without their end included."""
+        events = self.feed(b"", final=True)
+        for rank, record in list(self._records.items()):
+            self._complete(rank, bytes(record), events)
+        self._records.clear()
+        for (_, stream), pending in self._pending.items():
+            if stream in _LINES:
+                events.append((stream, wire.body_lines(pending) + b"\n"))
+        self._pending.clear()
+        self._rank = None
+        return events
+
+
 _NOTICED = re.compile(
     r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on signal (?P<signal>\d+)"
 )
@@ -52,10 +175,9 @@ def first_sentence(lines: list[str]) -> str:
 
 class StderrFilter:
     def __init__(self, keep_bytes: int = 16384) -> None:
+        self.records = Records()
         self.failures: list[RankFailure] = []
-        self.starts: list[RankStart] = []  # each rank's start (the rank wrapper's start markers)
-        self._pending = b""  # a partial line that may be (the start of) a marker
-        self._mid_line = False  # the last byte shown was not a newline
+        self.starts: list[RankStart] = []  # each rank's start (the rank wrappers' start records)
         self._tail: deque[bytes] = deque()
         self._tail_size = 0
         self._keep = keep_bytes
@@ -66,34 +188,24 @@ class StderrFilter:
         self._stdout = bytearray()  # the ranks' stdout lines found since take_stdout()
 
     def feed(self, data: bytes) -> bytes:
-        buf = self._pending + data
-        self._pending = b""
+        """What to show on stderr of `data` (the ranks' stdout lines are kept for take_stdout)."""
+        return self._route(self.records.feed(data))
+
+    def flush(self) -> bytes:
+        """mpirun's stderr ended: what is left of it."""
+        return self._route(self.records.finish())
+
+    def _route(self, events: list[tuple[int, bytes]]) -> bytes:
         shown = bytearray()
-        while buf:
-            newline = buf.find(b"\n")
-            if newline < 0:
-                if not self._mid_line and any(m.startswith(buf) or buf.startswith(m) for m in _MARKS):
-                    self._pending = buf  # wait for the rest of the line
-                else:
-                    shown += buf
-                    self._mid_line = True
-                break
-            line, buf = buf[: newline + 1], buf[newline + 1 :]
-            if not self._mid_line and line.startswith(_MARK):
-                failure = RankFailure.from_marker(line.decode(errors="replace"))
-                if failure is not None:
-                    self.failures.append(failure)
-                    continue
-            if not self._mid_line and line.startswith(_START):
-                start = RankStart.from_marker(line.decode(errors="replace"))
-                if start is not None:
-                    self.starts.append(start)
-                    continue
-            if not self._mid_line and line.startswith(STDOUT_MARK):
-                self._stdout += line[len(STDOUT_MARK) :]  # a rank's stdout line (proc/lines.py): to stdout
-                continue
-            shown += line
-            self._mid_line = False
+        for kind, data in events:
+            if kind == wire.STDOUT:
+                self._stdout += data
+            elif kind == wire.START:
+                self.starts += [s for line in data.splitlines() if (s := RankStart.from_json(line))]
+            elif kind == wire.FAILURE:
+                self.failures += [f for line in data.splitlines() if (f := RankFailure.from_json(line))]
+            else:  # the ranks' stderr lines and mpirun's own text
+                shown += data
         self._scan(bytes(shown))
         self._remember(bytes(shown))
         return bytes(shown)
@@ -119,14 +231,9 @@ class StderrFilter:
             self.abort_notice = first_sentence(block)
 
     def take_stdout(self) -> bytes:
-        """The ranks' stdout lines that came with the stderr fed so far (their marks taken off)."""
+        """The ranks' stdout lines that came with the stderr fed so far."""
         out, self._stdout = bytes(self._stdout), bytearray()
         return out
-
-    def flush(self) -> bytes:
-        rest, self._pending = self._pending, b""
-        self._remember(rest)
-        return rest
 
     def _remember(self, data: bytes) -> None:
         if not data:

@@ -1,30 +1,29 @@
-"""A rank's output, passed on in whole lines, each tagged with the rank and host it came from.
+"""One stream of a rank's program as lines: bytes in, whole lines out, each tagged with its rank and host.
 
-Ranks share one log: mpirun forwards what each rank writes as it reads it, so a line a rank writes in pieces
-(an unbuffered `print` writes its text and its newline apart) is cut by other ranks' output
-(`...allreduce 10probe rank 2/4`), and so is a line that waits in the rank's pipe behind others when mpirun
-reads a piece of its own size. The rank wrapper therefore reads the program's stdout and stderr itself and
-writes each complete line, tagged `[RANK,HOST]<stdout>: ` (or `<stderr>`: the form of Open MPI's --tag-output,
-with the host), in a write of its own to its stderr (a pipe; Open MPI gives stdout a pseudo-terminal, whose
-unread bytes cannot be counted), and only once mpirun has read that pipe empty: each of mpirun's reads holds
-one whole line. A line that came from the program's stdout starts with mpi/output.STDOUT_MARK, which the
-launcher's supervisor takes off before writing the line to its own stdout.
+- A line is passed on when its newline arrives, tagged `[RANK,HOST]<stdout>: ` (or `<stderr>`: the form of
+  Open MPI's --tag-output, with the host). Untagged (launcher_tag_output=false), the bytes go on as they
+  came.
+- A line in progress (a progress bar rewritten with `\\r`, a `print(..., end="")`) is shown while it runs:
+  PROGRESS_EVERY seconds after it started or changed, and then at most that often, as a line of its own with
+  what a terminal would show (the text after its last `\\r`); untagged, its bytes so far go on as they are.
+  When its newline comes, the whole line goes on once more in its final state (tagged: the text after its
+  last `\\r`, so a bar rewritten ten thousand times is one line in the log).
+- A line longer than MAX_PIECE with no end in sight goes on in pieces, which the leader joins again
+  (mpi/output.py), up to its own limit.
 
-Metric regexes (SageMaker's `metric_definitions`, which CloudWatch searches anywhere in a line) still match as
-long as they are not anchored with `^`; to read one rank's figures, start the regex with its tag, e.g.
-`\\[0,[^]]*\\]<stdout>: .*loss: ([0-9.]+)`. A line longer than MAX_LINE bytes goes on in pieces, each tagged.
+Pure but for write_all and the clock the caller passes in. Metric regexes (SageMaker's `metric_definitions`,
+which CloudWatch searches anywhere in a line) still match tagged lines as long as they are not anchored with
+`^`; to read one rank's figures, start the regex with its tag, e.g.
+`\\[0,[^]]*\\]<stdout>: .*loss: ([0-9.]+)`.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
-import struct
-import termios
-import time
-from collections.abc import Callable
+from dataclasses import dataclass
 
-MAX_LINE = 4000  # below PIPE_BUF (4096): one write of a tagged line reaches the pipe whole
+PROGRESS_EVERY = 0.5  # a line in progress is shown this long after it changed, and at most this often
+MAX_PIECE = 1 << 16  # a line with no end in sight goes on in pieces of about this size
 
 
 def tag(rank: int | None, host: str | None, stream: str) -> bytes:
@@ -32,65 +31,104 @@ def tag(rank: int | None, host: str | None, stream: str) -> bytes:
     return f"[{'?' if rank is None else rank},{host or '?'}]<{stream}>: ".encode()
 
 
-DRAIN_WAIT = 2.0  # at most this long for mpirun to read a pipe empty (then the batch goes in anyway)
+def visible(line: bytes) -> bytes:
+    """What a terminal shows of a line rewritten with carriage returns: the text after the last one (before
+    it, when the line ends with one). Pure."""
+    if b"\r" not in line:
+        return line
+    for segment in reversed(line.split(b"\r")):
+        if segment:
+            return segment
+    return b""
 
 
-def queued(fd: int) -> int | None:
-    """Bytes written to the pipe `fd` that its reader has not read yet; None when `fd` is not a pipe."""
-    if os.isatty(fd):
-        return None  # a pseudo-terminal's writer cannot count what its reader has not read yet
-    try:
-        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
-    except OSError:
-        return None
+@dataclass(frozen=True)
+class Out:
+    """What a stream passes on: `lines` (whole lines, or the start of a long one: the leader holds what
+    follows its last newline until the rest comes) and `now` (untagged: a line in progress, shown as is)."""
+
+    lines: bytes = b""
+    now: bytes = b""
 
 
-def wait_drained(fd: int, limit: float = DRAIN_WAIT) -> None:
-    """Until the reader emptied the pipe, bounded (a reader that stopped reading does not stop the rank)."""
-    deadline = time.monotonic() + limit
-    pause = 0.0001
-    while (queued(fd) or 0) > 0 and time.monotonic() < deadline:
-        time.sleep(pause)  # polled: a pipe's writer is told when there is room, never when it is empty
-        pause = min(pause * 2, 0.01)
+NOTHING = Out()
+
+
+class Lines:
+    """One stream of the program (stdout or stderr): `feed` its bytes, ask `progress` when `due`, and
+    `finish` when it ends."""
+
+    def __init__(self, prefix: bytes) -> None:
+        self.prefix = prefix  # b"": untagged, bytes kept exactly
+        self.partial = b""  # the line in progress
+        self.continuing = False  # the start of the line in progress went on already (a long line)
+        self.due: float | None = None  # when the line in progress is shown next
+        self.shown_at = float("-inf")  # when it was last shown
+        self.shown = b""  # what was shown of it
+
+    def feed(self, chunk: bytes, now: float) -> Out:
+        data = self.partial + chunk
+        end = data.rfind(b"\n")
+        out = b""
+        if end >= 0:
+            out = self._whole(data[:end])
+            data = data[end + 1 :]
+            self.shown = b""
+            self.due = None
+            self.shown_at = float("-inf")
+        self.partial = self._compact(data)
+        if len(self.partial) > MAX_PIECE:  # no end in sight: its start goes on now, joined by the leader
+            out += (b"" if self.continuing else self.prefix) + self.partial
+            self.partial = b""
+            self.continuing = True
+            self.due = None
+        elif self.partial and self.due is None and not self.continuing:
+            self.due = max(now, self.shown_at) + PROGRESS_EVERY
+        return Out(lines=out) if out else NOTHING
+
+    def _whole(self, text: bytes) -> bytes:
+        """Complete lines (`text` without its last newline) as they go on."""
+        first = b"" if self.continuing else self.prefix
+        self.continuing = False
+        if not self.prefix:
+            return text + b"\n"
+        if b"\r" in text:
+            text = b"\n".join(visible(line) for line in text.split(b"\n"))
+        return first + text.replace(b"\n", b"\n" + self.prefix) + b"\n"
+
+    def _compact(self, partial: bytes) -> bytes:
+        """Tagged, a line rewritten with carriage returns keeps only what it may still show."""
+        if self.prefix and partial.count(b"\r") > 1:
+            return b"\r".join(partial.split(b"\r")[-2:])
+        return partial
+
+    def progress(self, now: float) -> Out:
+        """The line in progress, when it is due to be shown."""
+        if self.due is None or now < self.due:
+            return NOTHING
+        self.due = None
+        self.shown_at = now
+        if not self.prefix:  # untagged: its bytes so far, as they are
+            data, self.partial = self.partial, b""
+            return Out(now=data)
+        state = visible(self.partial)
+        if not state or state == self.shown:
+            return NOTHING
+        self.shown = state
+        return Out(lines=self.prefix + state + b"\n")
+
+    def finish(self) -> Out:
+        """The stream ended: its unfinished last line, ended with a newline."""
+        if not self.partial and not self.continuing:
+            return NOTHING
+        data, self.partial = self.partial, b""
+        self.due = None
+        out = self._whole(data)
+        return Out(lines=out)
 
 
 def write_all(fd: int, data: bytes) -> None:
+    """All of `data` to `fd` (a blocking write may take it in parts)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def write_paced(fd: int, line: bytes) -> None:
-    """A whole line to `fd`, once the pipe behind it has been read empty."""
-    wait_drained(fd)
-    write_all(fd, line)
-
-
-class LineWriter:
-    """Whole lines of one stream to `write`, one line a call, each behind `prefix` (b"" for no tag)."""
-
-    def __init__(self, write: Callable[[bytes], None], prefix: bytes) -> None:
-        self._write = write
-        self._prefix = prefix
-        self._partial = b""
-        self._limit = max(MAX_LINE - len(prefix) - 1, 64)
-
-    def feed(self, chunk: bytes) -> None:
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        while len(self._partial) > self._limit:  # a line with no end in sight: passed on in pieces
-            lines.append(self._partial[: self._limit])
-            self._partial = self._partial[self._limit :]
-        self._emit(lines)
-
-    def _emit(self, lines: list[bytes]) -> None:
-        for line in lines:
-            for start in range(0, max(len(line), 1), self._limit):
-                self._write(self._prefix + line[start : start + self._limit] + b"\n")
-
-    def flush(self) -> None:
-        """The unfinished last line, ended (the program exited without a newline)."""
-        if self._partial:
-            self._emit([self._partial])
-            self._partial = b""

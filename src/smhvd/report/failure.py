@@ -1,8 +1,8 @@
 """What failed, said in one line, with the evidence (the failing rank's stderr tail) after it.
 
-The rank wrapper reports a failing rank on its stderr as one marker line (JSON); mpirun forwards it to the
-leader, which takes the first one as the root cause. `/opt/ml/output/failure` is written once: the first
-writer wins, so a reason the training script wrote itself is kept.
+The rank wrapper reports a failing rank as one JSON document in a record of its own (wire.py); mpirun
+forwards it to the leader, which takes the first one as the root cause. `/opt/ml/output/failure` is written
+once: the first writer wins, so a reason the training script wrote itself is kept.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from smhvd.wire import FAILURE_MARKER
-
-MARKER = FAILURE_MARKER
 FAILURE_LIMIT = 1024  # SageMaker shows the first 1024 characters as FailureReason
-_MAX_MARKER_TAIL = 2000  # keep the marker line well below a pipe's atomic write size
+# ANSI escape sequences (colours, cursor moves): the failure reason is shown as plain text.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 # Frameworks' start-up chatter, which says nothing about a failure and would fill the 1024 characters:
 # TensorFlow's C++ log lines at levels I and W (`2026-01-01 10:00:00.123456: I tensorflow/...cc:113] ...`),
 # its cuDNN/cuFFT/cuBLAS "Unable to register ... factory" errors, and the line cpu_feature_guard continues on.
@@ -45,17 +43,15 @@ class RankFailure:
             return f"{who} was killed by signal {self.signal} ({signal_name(self.signal)})"
         return f"{who} exited with code {self.exit_code}"
 
-    def to_marker(self) -> str:
-        data = asdict(self)
-        data["stderr_tail"] = self.stderr_tail[-_MAX_MARKER_TAIL:]
-        return MARKER + json.dumps(data, separators=(",", ":")) + "\n"
+    def to_json(self) -> bytes:
+        """One line of JSON (wire.FAILURE records): any size, any characters."""
+        text = json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+        return text.encode("utf-8", errors="backslashreplace") + b"\n"
 
     @classmethod
-    def from_marker(cls, line: str) -> RankFailure | None:
-        if not line.startswith(MARKER):
-            return None
+    def from_json(cls, line: bytes) -> RankFailure | None:
         try:
-            data = json.loads(line[len(MARKER) :])
+            data = json.loads(line)
             return cls(
                 rank=data.get("rank"),
                 host=data.get("host"),
@@ -75,8 +71,9 @@ def signal_name(number: int) -> str:
 
 
 def without_noise(text: str) -> str:
-    """`text` without the lines that are known framework start-up noise (STARTUP_NOISE)."""
-    lines = text.splitlines(keepends=True)
+    """`text` without the lines that are known framework start-up noise (STARTUP_NOISE), and without colours
+    (ANSI escape sequences)."""
+    lines = _ANSI.sub("", text).splitlines(keepends=True)
     return "".join(line for line in lines if not STARTUP_NOISE.fullmatch(line.strip()))
 
 

@@ -1,6 +1,6 @@
 """The job summary the leader prints at the end of every job and writes to output/data/job-summary.json.
 
-Hosts, ranks (and where each started, from the rank wrapper's start markers), time from `train` start to the
+Hosts, ranks (and where each started, from the rank wrapper's start records), time from `train` start to the
 first rank running, wall time, each host's exit, the failure reason, and, when the Horovod timeline is on,
 the share of the ranks' time spent in Horovod operations. Pure functions but `write_summary`.
 """
@@ -12,8 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from smhvd.wire import START_MARKER
-
 FILE_NAME = "job-summary.json"
 
 
@@ -23,15 +21,14 @@ class RankStart:
     host: str | None
     at: float  # wall clock (time.time()) when the rank wrapper started the script
 
-    def to_marker(self) -> str:
-        return START_MARKER + json.dumps(asdict(self), separators=(",", ":")) + "\n"
+    def to_json(self) -> bytes:
+        """One line of JSON (wire.START records)."""
+        return json.dumps(asdict(self), separators=(",", ":")).encode() + b"\n"
 
     @classmethod
-    def from_marker(cls, line: str) -> RankStart | None:
-        if not line.startswith(START_MARKER):
-            return None
+    def from_json(cls, line: bytes) -> RankStart | None:
         try:
-            data = json.loads(line[len(START_MARKER) :])
+            data = json.loads(line)
             rank, host, at = data.get("rank"), data.get("host"), data.get("at")
         except (ValueError, AttributeError):
             return None
