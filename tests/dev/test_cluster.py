@@ -138,9 +138,11 @@ def test_host_held_down_and_timeout(make_cluster: MakeCluster) -> None:
 
 def test_teardown_after_an_error_leaves_nothing(cluster_tools: None, tmp_path: Path) -> None:
     cluster = Cluster(ClusterSpec(hosts=2, workdir=tmp_path))
+    namespaces: list[int | None] = []
 
     def fail_while_running() -> None:
         with cluster:
+            namespaces.extend(cluster.host(name).net_namespace for name in ("algo-1", "algo-2"))
             cluster.start("algo-1", ["setsid", "sleep", "300"])
             cluster.start("algo-2", ["sleep", "300"])
             wait_for(lambda: cluster.host("algo-2").processes() or None, "sleep on algo-2", 10)
@@ -148,8 +150,10 @@ def test_teardown_after_an_error_leaves_nothing(cluster_tools: None, tmp_path: P
 
     with pytest.raises(RuntimeError, match="boom"):
         fail_while_running()
-    assert cluster.leftovers() == []
-    assert "10.231." not in Path("/proc/net/fib_trie").read_text()
+    assert cluster.leftovers() == []  # processes in its namespaces, its links, its record, its cgroups
+    assert None not in namespaces
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert not [ns for ns in namespaces if f"net:[{ns}]" in mounts]  # no host's network kept by a mount
 
 
 def test_a_killed_tool_leaves_no_processes_and_cleanup_removes_its_links(
@@ -165,11 +169,11 @@ def test_a_killed_tool_leaves_no_processes_and_cleanup_removes_its_links(
         assert tool.stderr is not None
         assert "hosts up" in tool.stderr.readline()
         record = next(r for r in registry.load_all() if r.owner_pid == tool.pid)
-        wait_for(lambda: _sleepers() or None, "sleep 301 on the hosts", 10)
+        sleepers = _wait_for_commands(tool.pid, ["sleep", "301"], 2)
     finally:
         tool.kill()
         tool.wait()
-    wait_for(lambda: True if not _sleepers() else None, "the hosts' processes to die with the tool", 10)
+    _wait_dead(sleepers, "the hosts' processes to die with the tool")
     assert Path("/sys/class/net", record.links[0]).exists()  # the bridge outlives a SIGKILLed tool...
     done = subprocess.run(
         [sys.executable, "-m", "smhvd_sim", "cleanup"], capture_output=True, text=True, check=False
@@ -182,12 +186,19 @@ def test_a_killed_tool_leaves_no_processes_and_cleanup_removes_its_links(
     assert not record.path.exists()
 
 
-def _commands(*argv: str) -> list[int]:
-    return [pid for pid in list(processes.read_process_table()) if processes.cmdline(pid) == list(argv)]
+def _wait_for_commands(tool: int, argv: list[str], count: int) -> list[int]:
+    """The pids of `count` processes running `argv` that `tool` started (on its hosts): only what this test
+    made, whatever else runs on the machine."""
+
+    def found() -> list[int] | None:
+        pids = [pid for pid in processes.descendants(tool) if processes.cmdline(pid) == argv]
+        return pids if len(pids) == count else None
+
+    return wait_for(found, f"{' '.join(argv)} on {count} hosts", 10)
 
 
-def _sleepers() -> list[int]:
-    return _commands("sleep", "301")
+def _wait_dead(pids: list[int], what: str) -> None:
+    wait_for(lambda: True if not any(processes.is_alive(pid) for pid in pids) else None, what, 10)
 
 
 def test_interrupting_the_tool_stops_every_host(cluster_tools: None, tmp_path: Path) -> None:
@@ -200,13 +211,13 @@ def test_interrupting_the_tool_stops_every_host(cluster_tools: None, tmp_path: P
     assert tool.stderr is not None
     assert "hosts up" in tool.stderr.readline()
     record = next(r for r in registry.load_all() if r.owner_pid == tool.pid)
-    wait_for(lambda: True if len(_commands("sleep", "302")) == 2 else None, "sleep 302 on both hosts", 10)
+    sleepers = _wait_for_commands(tool.pid, ["sleep", "302"], 2)
     os.kill(tool.pid, signal.SIGINT)
     assert tool.wait(30) == 130
     for host in ("algo-1", "algo-2"):
         assert (tmp_path / host / "train.log").read_text() == "stopping\n"
     assert not any(Path("/sys/class/net", link).exists() for link in record.links)
-    assert _commands("sleep", "302") == []
+    assert not any(processes.is_alive(pid) for pid in sleepers)
 
 
 def test_private_tmp_still_shows_the_software_that_lives_under_tmp(
