@@ -14,3 +14,11 @@ BENCH_SCALE_ARGS ?=
 
 bench-scale: setup ## ours vs horovodrun vs the toolkit at 2, 4, 8, 16, 32 simulated hosts: start, end, crash (~1 h)
 	cd benchmarks && $(PY) scale_launchers.py $(BENCH_SCALE_ARGS)
+
+# Rank output through `train` vs plain mpirun --tag-output: lines/s, MB/s, ratio, broken lines (root for 2 hosts).
+#   make bench-output BENCH_OUTPUT_ARGS='--hosts 1 --repeats 5'
+.PHONY: bench-output
+BENCH_OUTPUT_ARGS ?=
+
+bench-output: setup ## rank output: ours vs plain mpirun --tag-output, 100- and 1000-byte lines, 1x2 and 2x2 ranks (~3 min)
+	$(PY) benchmarks/output_speed.py $(BENCH_OUTPUT_ARGS)
