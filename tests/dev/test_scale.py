@@ -19,6 +19,7 @@ from smhvd_sim import Cluster, ClusterError, ClusterSpec
 from smhvd_sim.host import HostLayout, SimHost
 from smhvd_sim.spec import MAX_HOSTS, host_addresses
 from smhvd_sim.system import wait_for
+from support.ci import unavailable
 from support.cluster import MakeCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -84,7 +85,7 @@ def test_a_host_that_fails_its_setup_takes_every_host_started_with_it_down(
 def test_each_host_counts_the_cpu_of_what_runs_on_it_and_only_that(make_cluster: MakeCluster) -> None:
     cluster = make_cluster(2)
     if not cluster.cpu_seconds():
-        pytest.skip("no cgroup v2 hierarchy here: the cluster runs without CPU accounting")
+        unavailable("no cgroup v2 hierarchy here: the cluster runs without CPU accounting")
     before = cluster.cpu_seconds()
     # The work is done by a daemon the command leaves behind (as orted is): it still counts for its host. It
     # burns 0.5 s of its own CPU time, whatever the machine's speed.

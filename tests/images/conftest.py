@@ -25,13 +25,14 @@ from pathlib import Path
 
 import pytest
 
+from support.ci import in_ci, unavailable
+
 from .helpers import (
     REPO,
     TOOLS,
     WORK,
     BuiltImage,
     build_image,
-    in_ci,
     record_timing,
     run,
     stop,
@@ -54,7 +55,7 @@ def engine_env() -> dict[str, str]:
             pytest.skip(f"{', '.join(missing)} not installed: run bin/daemonless-env.sh --install (CI does)")
         cmd.append("--install")
     if os.geteuid() != 0:
-        pytest.skip("the image tier runs buildah/podman as root (rootful overlay storage)")
+        unavailable("the image tier runs buildah/podman as root (rootful overlay storage)")
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900).stdout
     env = dict(os.environ)
     for line in out.splitlines():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -17,10 +16,6 @@ WORK = REPO / "build" / "images-test"
 EXTRA_CA_DIR = Path("/usr/local/share/ca-certificates")
 TOOLS = ("buildah", "podman", "skopeo", "runc", "docker-registry", "debootstrap", "shellcheck")
 IMAGE_NAME = "localhost/sagemaker-horovod-test"
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
 def wait_until(what: str, probe: Callable[[], bool], timeout: float, first_delay: float = 0.05) -> None:

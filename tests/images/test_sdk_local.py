@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from support.ci import in_ci
 from support.s3 import s3_client
 
-from .helpers import REPO, WORK, BuiltImage, in_ci, record_timing, stop, wait_until
+from .helpers import REPO, WORK, BuiltImage, record_timing, stop, wait_until
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(1800)]
 

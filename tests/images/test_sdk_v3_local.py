@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import REPO, WORK, BuiltImage, in_ci, record_timing
+from support.ci import in_ci
+
+from .helpers import REPO, WORK, BuiltImage, record_timing
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(1800)]
 

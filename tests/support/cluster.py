@@ -1,5 +1,6 @@
-"""The simulated-cluster tier's fixtures and helpers: prerequisites (installed under CI=true, else the tier is
-skipped), a cluster factory that always tears down and checks nothing is left, a test sshd and ssh options."""
+"""The simulated-cluster tier's fixtures and helpers: prerequisites (installed under CI, support/ci.py; else
+the tier is skipped), a cluster factory that always tears down and checks nothing is left, a test sshd and
+ssh options."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from smhvd_sim import Cluster, ClusterSpec
 from smhvd_sim.jobs import HostProcess
 from smhvd_sim.system import wait_for
+from support.ci import in_ci, unavailable
 
 MakeCluster = Callable[..., Cluster]
 SSH_OPTIONS = [
@@ -62,18 +64,15 @@ TOOLS = {
 
 
 def ensure_tools(tools: dict[str, str]) -> None:
-    """Skip when root or a tool is missing; under CI=true install the tools instead (and fail if not root)."""
-    in_ci = os.environ.get("CI") == "true"
+    """Skip when root or a tool is missing; under CI install the tools instead (and fail if not root)."""
     if os.geteuid() != 0:
-        if in_ci:
-            pytest.fail("the cluster tier needs root (network namespaces)")
-        pytest.skip("the cluster tier needs root (network namespaces)")
+        unavailable("the cluster tier needs root (network namespaces)")
     missing = sorted(
         {package for tool, package in tools.items() if shutil.which(tool, path=SBIN_PATH) is None}
     )
     if not missing:
         return
-    if not in_ci:
+    if not in_ci():
         pytest.skip(f"missing packages: {' '.join(missing)} (CI=true installs them)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
