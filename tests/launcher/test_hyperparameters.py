@@ -1,12 +1,26 @@
+import dataclasses
+
 import pytest
 
 from smhvd.config.hyperparameters import (
     decode_hyperparameters,
+    is_reserved,
     split_hyperparameters,
     to_env_value,
     to_script_args,
 )
-from smhvd.config.launcher_options import HorovodOptions, parse_launcher_options, split_mpi_options
+from smhvd.config.launcher_options import (
+    GROUPS,
+    HorovodOptions,
+    LauncherOptions,
+    LauncherOwnOptions,
+    MpiOptions,
+    ProgramOptions,
+    all_declarations,
+    parse_launcher_options,
+    split_mpi_options,
+)
+from smhvd.config.option_spec import declarations
 from smhvd.errors import ConfigError
 from smhvd_dev.mltree import sdk_encode
 
@@ -184,3 +198,25 @@ def test_horovod_knobs_become_horovod_variables(tmp_path):
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "120",
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600",
     }
+
+
+def test_each_option_is_declared_once_with_a_reserved_key():
+    declared = all_declarations()
+    keys = [d.option.key for d in declared]
+    assert len(keys) == len(set(keys)) and all(is_reserved(key) for key in keys)
+    # every field of the options is a declared hyperparameter, but what the loader sets (SDK v3's files)
+    fields = {(group.__name__, f.name) for group in GROUPS for f in dataclasses.fields(group)}
+    loader_set = {("ProgramOptions", "requirements"), ("ProgramOptions", "origin")}
+    assert {(g.__name__, d.field) for g in GROUPS for d in declarations(g)} == fields - loader_set
+    # without hyperparameters, every option is its declared default
+    assert parse_launcher_options({}) == LauncherOptions(
+        ProgramOptions(), MpiOptions(), LauncherOwnOptions(), HorovodOptions()
+    )
+
+
+def test_the_variables_an_option_sets_are_the_ones_it_declares(tmp_path):
+    declared = {v.name for d in declarations(HorovodOptions) for v in d.option.sets}
+    every = HorovodOptions(True, True, True, 1.0, 1.0, 0, 1, "info")
+    other = dataclasses.replace(every, stall_check_seconds=5)  # the other branch of the stall check
+    assert set(every.env(tmp_path)) | set(other.env(tmp_path)) == declared
+    assert HorovodOptions().env(tmp_path) == {}  # Horovod's own defaults: nothing set

@@ -1,39 +1,44 @@
 """The launcher's options, typed, from the reserved hyperparameters (sagemaker_, horovod_, launcher_ keys).
 
+Each option is declared once, as a field below (config/option_spec.py): its key, type, default, reader and
+bounds, the variables it sets on every rank and its line in the docs tables, which
+`python -m smhvd_dev.option_docs` writes from these declarations (a test fails when the docs differ).
 Unknown `horovod_*` and `launcher_*` keys are errors (a typo must not pass silently); unknown `sagemaker_*`
 keys are ignored because the SDK sets many that concern other containers.
 """
+# ruff: noqa: RUF009 (option() is a dataclasses.field with the declaration in its metadata, not a default)
 
 from __future__ import annotations
 
 import itertools
-import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from smhvd.config.sagemaker_files import optional_str, shown_key
+from smhvd.config.mpi_defaults import MPI_DEFAULT_NAMES
+from smhvd.config.option_spec import (
+    SOURCE,
+    Declared,
+    Variable,
+    choice,
+    declarations,
+    flag,
+    integer,
+    names,
+    names_of,
+    number,
+    option,
+    option_env,
+    output_file,
+    read_options,
+    string,
+    when_given,
+    when_on,
+)
+from smhvd.config.sagemaker_files import shown_key
 from smhvd.errors import ConfigError
 
-SOURCE = "hyperparameters.json"
-# The launcher's mpirun defaults, by the names launcher_drop_mpi_defaults takes: data of this layer, which
-# validates the key; mpi/command.default_options gives each default under its name (a test checks they agree).
-MPI_DEFAULT_NAMES = frozenset(
-    {
-        "bind-to",
-        "map-by",
-        "orte_abort_on_non_zero_status",
-        "odls_base_sigkill_timeout",
-        "mpi_yield_when_idle",
-        "btl_tcp_if_include",
-        "oob_tcp_if_include",
-        "NCCL_SOCKET_IFNAME",
-        "plm_rsh_args",
-        "plm_rsh_no_tree_spawn",
-        "plm_rsh_num_concurrent",
-    }
-)
 # Ranks per host (and in all, per host): at most this many. Open MPI reads -np as a C int (a larger value
 # wraps, e.g. to -1), and the largest SageMaker instances have 192 vCPUs and 8 GPUs: 1024 processes on one
 # host is already far beyond what can run there, and any bound keeps a typo from reaching mpirun.
@@ -45,61 +50,7 @@ LEADER_TIMEOUT = 900.0  # worker: how long to wait for the leader to start (laun
 # Horovod reads these as C ints / int64 byte counts: bounds far above any useful value, below any overflow.
 MAX_FUSION_THRESHOLD_MB = 1024 * 1024  # 1 TiB
 MAX_CYCLE_TIME_MS = 3_600_000.0
-
-
-@dataclass(frozen=True)
-class MpiOptions:
-    enabled: bool
-    processes_per_host: int | None  # None: one per GPU, else 1
-    num_processes: int | None  # None: processes_per_host * hosts
-    custom_options: tuple[str, ...]
-    drop_defaults: frozenset[str]
-
-
-@dataclass(frozen=True)
-class HorovodOptions:
-    timeline: bool = False
-    timeline_mark_cycles: bool = False
-    autotune: bool = False
-    fusion_threshold_mb: float | None = None
-    cycle_time_ms: float | None = None
-    stall_check_seconds: int | None = None  # 0 disables the check
-    stall_shutdown_seconds: int | None = None
-    log_level: str | None = None
-
-    def env(self, output_data_dir: Path) -> dict[str, str]:
-        """The HOROVOD_* variables these options stand for (forwarded to every rank)."""
-        env: dict[str, str] = {}
-        if self.timeline:
-            env["HOROVOD_TIMELINE"] = str(output_data_dir / "horovod_timeline.json")
-        if self.timeline_mark_cycles:
-            env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
-        if self.autotune:
-            env["HOROVOD_AUTOTUNE"] = "1"
-            env["HOROVOD_AUTOTUNE_LOG"] = str(output_data_dir / "horovod_autotune_log.csv")
-        if self.fusion_threshold_mb is not None:
-            env["HOROVOD_FUSION_THRESHOLD"] = str(int(self.fusion_threshold_mb * 1024 * 1024))
-        if self.cycle_time_ms is not None:
-            env["HOROVOD_CYCLE_TIME"] = f"{self.cycle_time_ms:g}"
-        if self.stall_check_seconds == 0:
-            env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
-        elif self.stall_check_seconds is not None:
-            env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(self.stall_check_seconds)
-        if self.stall_shutdown_seconds is not None:
-            env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(self.stall_shutdown_seconds)
-        if self.log_level is not None:
-            env["HOROVOD_LOG_LEVEL"] = self.log_level
-        return env
-
-
-@dataclass(frozen=True)
-class LauncherOwnOptions:
-    peer_timeout: float = PEER_TIMEOUT
-    leader_timeout: float = LEADER_TIMEOUT
-    forward_env: tuple[str, ...] = ()  # extra variable names (or PREFIX*) forwarded to ranks
-    forward_aws_credentials: bool = False
-    hang_dump_seconds: float | None = None  # stack dumps of every rank after this long without any output
-    tag_output: bool = True  # each line a rank prints tagged [RANK,HOST]<stdout>: (proc/lines.py)
+HOROVOD_LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
 
 @dataclass(frozen=True)
@@ -122,105 +73,234 @@ HYPERPARAMETERS_ORIGIN = CodeOrigin()
 
 @dataclass(frozen=True)
 class ProgramOptions:
-    program: str | None
-    submit_directory: str | None
-    region: str | None
-    job_name: str | None
-    log_level: int | None
+    """What runs, and where its code comes from."""
+
+    program: str | None = option(
+        "sagemaker_program",
+        None,
+        string,
+        "the entry point, relative to the code directory (`.py`: run with the venv's Python; `.sh`: bash)",
+        shown_default="env `SAGEMAKER_PROGRAM`",
+    )
+    submit_directory: str | None = option(
+        "sagemaker_submit_directory",
+        None,
+        string,
+        "a local directory (used in place), a local `.tar.gz` / `file://`, or `s3://bucket/key.tar.gz` "
+        "(boto3; `AWS_ENDPOINT_URL_S3` overrides the endpoint)",
+        shown_default="`/opt/ml/code`",
+    )
+    region: str | None = option(
+        "sagemaker_region", None, string, "the AWS region of the `s3://` code download (set by the SDK)"
+    )
+    job_name: str | None = option(
+        "sagemaker_job_name", None, string, "the training job's name: `SM_JOB_NAME` (set by the SDK)"
+    )
+    log_level: int | None = option(
+        "sagemaker_container_log_level",
+        None,
+        integer(0, 50),
+        "the SDK's `container_log_level` (`logging.DEBUG` = 10, ...): the launcher's own log level, unless "
+        "`SMHVD_LOG_LEVEL` (or `train --log-level`) is set",
+        shown_default="20 (INFO)",
+    )
     requirements: str | None = "requirements.txt"  # installed with pip before the job (SDK v3: its own name)
     origin: CodeOrigin = HYPERPARAMETERS_ORIGIN  # SDK v3: its sourcecode.json (sdk_v3.apply)
 
 
 @dataclass(frozen=True)
+class MpiOptions:
+    enabled: bool = option(
+        "sagemaker_mpi_enabled",
+        True,
+        flag,
+        "run under mpirun. **Default on, for one host and for several**: this image exists to run Horovod, "
+        "and one process per host under mpirun costs ~0.3 s. `false`: every host runs the script once, "
+        "directly",
+        readme="`false`: the script runs once per host, without mpirun",
+    )
+    processes_per_host: int | None = option(
+        "sagemaker_mpi_num_of_processes_per_host",
+        None,
+        integer(1, MAX_PROCESSES_PER_HOST),
+        f"ranks per host, at most {MAX_PROCESSES_PER_HOST} (Open MPI reads `-np` as a C int; the largest "
+        "instances have 192 vCPUs, 8 GPUs)",
+        shown_default="one per GPU, else 1",
+        readme="ranks per host (SDK: `processes_per_host` / `process_count_per_node`; at most "
+        f"{MAX_PROCESSES_PER_HOST})",
+    )
+    num_processes: int | None = option(  # (validate_job then holds it to per-host x hosts)
+        "sagemaker_mpi_num_processes",
+        None,
+        integer(1, 2**31 - 1),
+        "total ranks (at most per-host x hosts)",
+        shown_default="per-host x hosts",
+    )
+    custom_options: tuple[str, ...] = option(
+        "sagemaker_mpi_custom_mpi_options",
+        (),
+        lambda value, key: split_mpi_options(value, key),
+        "extra mpirun options, split with `shlex` (quotes work), placed after the defaults; an option that "
+        "sets a default (below), or that Open MPI refuses beside it, **replaces** it",
+        shown_default='`""`',
+        readme="extra mpirun options, split with `shlex`; one that sets a default replaces it",
+    )
+    drop_defaults: frozenset[str] = option(
+        "launcher_drop_mpi_defaults",
+        frozenset(),
+        names_of(MPI_DEFAULT_NAMES, "mpirun defaults"),
+        "comma-separated names of defaults to remove, e.g. `mpi_yield_when_idle,bind-to`; each must be a "
+        "name of the defaults table below (a typo is an error)",
+        readme="names of the launcher's mpirun defaults to leave out",
+    )
+
+
+@dataclass(frozen=True)
+class LauncherOwnOptions:
+    peer_timeout: float = option(
+        "launcher_peer_timeout_seconds",
+        PEER_TIMEOUT,
+        number(1, MAX_SECONDS),
+        "leader: how long to wait for every worker; the error names each host that never answered and its "
+        "last ssh error",
+        readme="how long the leader waits for every worker",
+    )
+    leader_timeout: float = option(
+        "launcher_leader_timeout_seconds",
+        LEADER_TIMEOUT,
+        number(1, MAX_SECONDS),
+        "worker: how long to wait for the leader to start the job",
+        readme="how long a worker waits for the leader",
+    )
+    forward_env: tuple[str, ...] = option(
+        "launcher_forward_env",
+        (),
+        names,
+        "extra variable names or `PREFIX*` patterns forwarded to every rank",
+        readme="more variable names (or `PREFIX*`) forwarded to every rank",
+    )
+    forward_aws_credentials: bool = option(
+        "launcher_forward_aws_credentials",
+        False,
+        flag,
+        "also forward AWS credential variables to ranks (see below)",
+        readme="also forward AWS credential variables to ranks",
+    )
+    hang_dump_seconds: float | None = option(
+        "launcher_hang_dump_seconds",
+        None,
+        number(1, MAX_SECONDS),
+        'stack dumps of every rank when no rank has written output for this long (see "Hung jobs")',
+        shown_default="off",
+        readme="stack dumps of every rank after this long without output",
+    )
+    tag_output: bool = option(  # (proc/lines.py)
+        "launcher_tag_output",
+        True,
+        flag,
+        "each line a rank prints reaches the log whole and tagged `[RANK,HOST]<stdout>: ` (or `<stderr>`); "
+        "`false`: whole lines, untagged (see below)",
+        readme="tag each line `[RANK,HOST]<stdout>: `; `false`: whole lines, untagged",
+    )
+
+
+@dataclass(frozen=True)
+class HorovodOptions:
+    """Horovod's own settings: HOROVOD_* variables on every rank."""
+
+    timeline: bool = option(
+        "horovod_timeline",
+        False,
+        flag,
+        "Horovod timeline to `/opt/ml/output/data/horovod_timeline.json`",
+        sets=(Variable("HOROVOD_TIMELINE", output_file("horovod_timeline.json")),),
+        readme="Horovod's timeline, in the job's output",
+    )
+    timeline_mark_cycles: bool = option(
+        "horovod_timeline_mark_cycles",
+        False,
+        flag,
+        "mark Horovod's background cycles in the timeline",
+        sets=(Variable("HOROVOD_TIMELINE_MARK_CYCLES", when_on()),),
+    )
+    autotune: bool = option(
+        "horovod_autotune",
+        False,
+        flag,
+        "autotuning, log in `/opt/ml/output/data/horovod_autotune_log.csv`",
+        sets=(
+            Variable("HOROVOD_AUTOTUNE", when_on()),
+            Variable("HOROVOD_AUTOTUNE_LOG", output_file("horovod_autotune_log.csv")),
+        ),
+        readme="Horovod's autotuning, its log in the job's output",
+    )
+    fusion_threshold_mb: float | None = option(
+        "horovod_fusion_threshold_mb",
+        None,
+        number(0, MAX_FUSION_THRESHOLD_MB),
+        "tensor fusion buffer, MiB",
+        shown_default="Horovod's (128)",
+        sets=(Variable("HOROVOD_FUSION_THRESHOLD", when_given(lambda mb: str(int(mb * 1024 * 1024)))),),
+        readme="Horovod's tensor fusion buffer, MiB",
+    )
+    cycle_time_ms: float | None = option(
+        "horovod_cycle_time_ms",
+        None,
+        number(0.01, MAX_CYCLE_TIME_MS),
+        "background cycle time",
+        shown_default="Horovod's (1 ms)",
+        sets=(Variable("HOROVOD_CYCLE_TIME", when_given(lambda ms: f"{ms:g}")),),
+    )
+    stall_check_seconds: int | None = option(
+        "horovod_stall_check_seconds",
+        None,
+        integer(0, MAX_SECONDS),
+        "stall warning after N s; `0` disables the check",
+        shown_default="Horovod's (60)",
+        sets=(
+            Variable("HOROVOD_STALL_CHECK_DISABLE", lambda seconds, _: "1" if seconds == 0 else None),
+            Variable(
+                "HOROVOD_STALL_CHECK_TIME_SECONDS", lambda seconds, _: str(seconds) if seconds else None
+            ),
+        ),
+    )
+    stall_shutdown_seconds: int | None = option(
+        "horovod_stall_shutdown_seconds",
+        None,
+        integer(0, MAX_SECONDS),
+        "abort the job after a stall of N s",
+        shown_default="Horovod's",
+        sets=(Variable("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", when_given(str)),),
+    )
+    log_level: str | None = option(
+        "horovod_log_level",
+        None,
+        choice(*HOROVOD_LOG_LEVELS),
+        f"{', '.join(HOROVOD_LOG_LEVELS[:-1])} or {HOROVOD_LOG_LEVELS[-1]}, in any case",
+        shown_default="Horovod's",
+        sets=(Variable("HOROVOD_LOG_LEVEL", when_given(str)),),
+    )
+
+    def env(self, output_data_dir: Path) -> dict[str, str]:
+        """The HOROVOD_* variables these options stand for (forwarded to every rank)."""
+        return option_env(self, output_data_dir)
+
+
+@dataclass(frozen=True)
 class LauncherOptions:
-    mpi: MpiOptions
-    horovod: HorovodOptions
-    launcher: LauncherOwnOptions
+    # (in the order of the docs tables)
     program: ProgramOptions
+    mpi: MpiOptions
+    launcher: LauncherOwnOptions
+    horovod: HorovodOptions
 
 
-HOROVOD_KEYS = {
-    "horovod_timeline",
-    "horovod_timeline_mark_cycles",
-    "horovod_autotune",
-    "horovod_fusion_threshold_mb",
-    "horovod_cycle_time_ms",
-    "horovod_stall_check_seconds",
-    "horovod_stall_shutdown_seconds",
-    "horovod_log_level",
-}
-LAUNCHER_KEYS = {
-    "launcher_peer_timeout_seconds",
-    "launcher_leader_timeout_seconds",
-    "launcher_forward_env",
-    "launcher_forward_aws_credentials",
-    "launcher_drop_mpi_defaults",
-    "launcher_hang_dump_seconds",
-    "launcher_tag_output",
-}
-_HOROVOD_LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+GROUPS = (ProgramOptions, MpiOptions, LauncherOwnOptions, HorovodOptions)
 
 
-def _bool(hps: Mapping[str, object], key: str, default: bool) -> bool:
-    value = hps.get(key, default)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise ConfigError(SOURCE, key, "true or false", value)
-
-
-def _number(
-    hps: Mapping[str, object], key: str, *, minimum: float, maximum: float, integer: bool
-) -> float | None:
-    """A finite number within [minimum, maximum]; None when the key is absent or empty."""
-    if key not in hps or hps[key] in (None, ""):
-        return None
-    value = hps[key]
-    kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ConfigError(SOURCE, key, f"{kind} >= {minimum:g}", value)
-    try:
-        number = float(value)  # "Infinity", "1e400" and 5000-digit strings give inf: refused below
-    except (ValueError, OverflowError):
-        raise ConfigError(SOURCE, key, f"{kind} >= {minimum:g}", value) from None
-    if number > maximum:
-        raise ConfigError(SOURCE, key, f"{kind} <= {maximum:.12g}", value)
-    if not math.isfinite(number) or number < minimum or (integer and not number.is_integer()):
-        raise ConfigError(SOURCE, key, f"{kind} >= {minimum:g}", value)
-    return number
-
-
-def _int(hps: Mapping[str, object], key: str, *, minimum: int, maximum: int) -> int | None:
-    number = _number(hps, key, minimum=minimum, maximum=maximum, integer=True)
-    return None if number is None else int(number)
-
-
-def _names(hps: Mapping[str, object], key: str) -> tuple[str, ...]:
-    value = hps.get(key)
-    if value in (None, ""):
-        return ()
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    if isinstance(value, str):
-        return tuple(v for v in value.replace(",", " ").split() if v)
-    raise ConfigError(SOURCE, key, "a comma-separated list of names", value)
-
-
-def _default_names(hps: Mapping[str, object], key: str) -> frozenset[str]:
-    """Names of mpirun defaults to drop: each must name one (a typo must not pass silently)."""
-    known = MPI_DEFAULT_NAMES
-    names = _names(hps, key)
-    for name in names:
-        if name not in known:
-            raise ConfigError(SOURCE, key, f"names of mpirun defaults ({', '.join(sorted(known))})", name)
-    return frozenset(names)
-
-
-def _str(hps: Mapping[str, object], key: str) -> str | None:
-    return optional_str(hps, key, SOURCE)
+def all_declarations() -> list[Declared]:
+    """Every launcher option, in the order of the docs tables."""
+    return [d for group in GROUPS for d in declarations(group)]
 
 
 def split_mpi_options(text: object, key: str = "sagemaker_mpi_custom_mpi_options") -> tuple[str, ...]:
@@ -272,72 +352,16 @@ def _toolkit_nccl_debug(tokens: list[str], key: str) -> tuple[str, ...]:
 
 
 def parse_launcher_options(reserved: Mapping[str, object]) -> LauncherOptions:
-    unknown = sorted(
-        k
-        for k in reserved
-        if k.startswith(("horovod_", "launcher_")) and k not in HOROVOD_KEYS | LAUNCHER_KEYS
-    )
+    declared = all_declarations()
+    keys = {d.option.key for d in declared}
+    unknown = sorted(k for k in reserved if k.startswith(("horovod_", "launcher_")) and k not in keys)
     if unknown:
-        known = sorted(HOROVOD_KEYS if unknown[0].startswith("horovod_") else LAUNCHER_KEYS)
+        prefix = unknown[0].split("_", 1)[0] + "_"
+        known = sorted(k for k in keys if k.startswith(prefix))
         raise ConfigError(SOURCE, shown_key(unknown[0]), f"a known key ({', '.join(known)})")
-
-    log_level = _str(reserved, "horovod_log_level")
-    if log_level is not None and log_level.lower() not in _HOROVOD_LOG_LEVELS:
-        raise ConfigError(SOURCE, "horovod_log_level", " | ".join(_HOROVOD_LOG_LEVELS), log_level)
-    container_log_level = _int(reserved, "sagemaker_container_log_level", minimum=0, maximum=50)
-
     return LauncherOptions(
-        mpi=MpiOptions(
-            enabled=_bool(reserved, "sagemaker_mpi_enabled", True),
-            processes_per_host=_int(
-                reserved, "sagemaker_mpi_num_of_processes_per_host", minimum=1, maximum=MAX_PROCESSES_PER_HOST
-            ),
-            # (validate_job then holds it to per-host x hosts)
-            num_processes=_int(reserved, "sagemaker_mpi_num_processes", minimum=1, maximum=2**31 - 1),
-            custom_options=split_mpi_options(reserved.get("sagemaker_mpi_custom_mpi_options")),
-            drop_defaults=_default_names(reserved, "launcher_drop_mpi_defaults"),
-        ),
-        horovod=HorovodOptions(
-            timeline=_bool(reserved, "horovod_timeline", False),
-            timeline_mark_cycles=_bool(reserved, "horovod_timeline_mark_cycles", False),
-            autotune=_bool(reserved, "horovod_autotune", False),
-            fusion_threshold_mb=_number(
-                reserved,
-                "horovod_fusion_threshold_mb",
-                minimum=0,
-                maximum=MAX_FUSION_THRESHOLD_MB,
-                integer=False,
-            ),
-            cycle_time_ms=_number(
-                reserved, "horovod_cycle_time_ms", minimum=0.01, maximum=MAX_CYCLE_TIME_MS, integer=False
-            ),
-            stall_check_seconds=_int(reserved, "horovod_stall_check_seconds", minimum=0, maximum=MAX_SECONDS),
-            stall_shutdown_seconds=_int(
-                reserved, "horovod_stall_shutdown_seconds", minimum=0, maximum=MAX_SECONDS
-            ),
-            log_level=log_level.lower() if log_level else None,
-        ),
-        launcher=LauncherOwnOptions(
-            peer_timeout=_number(
-                reserved, "launcher_peer_timeout_seconds", minimum=1, maximum=MAX_SECONDS, integer=False
-            )
-            or PEER_TIMEOUT,
-            leader_timeout=_number(
-                reserved, "launcher_leader_timeout_seconds", minimum=1, maximum=MAX_SECONDS, integer=False
-            )
-            or LEADER_TIMEOUT,
-            forward_env=_names(reserved, "launcher_forward_env"),
-            forward_aws_credentials=_bool(reserved, "launcher_forward_aws_credentials", False),
-            hang_dump_seconds=_number(
-                reserved, "launcher_hang_dump_seconds", minimum=1, maximum=MAX_SECONDS, integer=False
-            ),
-            tag_output=_bool(reserved, "launcher_tag_output", True),
-        ),
-        program=ProgramOptions(
-            program=_str(reserved, "sagemaker_program"),
-            submit_directory=_str(reserved, "sagemaker_submit_directory"),
-            region=_str(reserved, "sagemaker_region"),
-            job_name=_str(reserved, "sagemaker_job_name"),
-            log_level=container_log_level,
-        ),
+        program=read_options(ProgramOptions, reserved),
+        mpi=read_options(MpiOptions, reserved),
+        launcher=read_options(LauncherOwnOptions, reserved),
+        horovod=read_options(HorovodOptions, reserved),
     )

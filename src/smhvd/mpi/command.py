@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # config.launcher_options imports default_names from here
+from smhvd.config.mpi_defaults import MPI_DEFAULTS
+
+if TYPE_CHECKING:
     from smhvd.config.job import Job
 
 # Forwarded to every rank (by name: values never appear on the command line).
@@ -124,30 +126,17 @@ OMPI_RSH_CONCURRENT = 128  # Open MPI's own plm_rsh_num_concurrent
 
 
 def default_options(plan: MpiPlan) -> list[tuple[str, list[str]]]:
-    """(name, argv) pairs; the name is what users override or drop."""
-    options: list[tuple[str, list[str]]] = [
-        ("bind-to", ["--bind-to", "none"]),  # hosts' cores are the scripts' business (and TF's threads)
-        ("map-by", ["--map-by", "slot"]),
-        ("orte_abort_on_non_zero_status", ["--mca", "orte_abort_on_non_zero_status", "1"]),
-        ("odls_base_sigkill_timeout", ["--mca", "odls_base_sigkill_timeout", "0"]),  # abort in ms, not 1-3 s
-    ]
-    if plan.yield_when_idle:
-        options.append(("mpi_yield_when_idle", ["--mca", "mpi_yield_when_idle", "1"]))
-    if plan.interface:
-        options.append(("btl_tcp_if_include", ["--mca", "btl_tcp_if_include", plan.interface]))
-        options.append(("oob_tcp_if_include", ["--mca", "oob_tcp_if_include", plan.interface]))
-        # NCCL picks its own interface otherwise (docker0 or lo on some hosts); a forwarded value wins.
-        options.append(("NCCL_SOCKET_IFNAME", ["-x", f"NCCL_SOCKET_IFNAME={plan.interface}"]))
-    if plan.ssh_config is not None:
-        options.append(("plm_rsh_args", ["--mca", "plm_rsh_args", f"-F {plan.ssh_config}"]))
-        options.append(("plm_rsh_no_tree_spawn", ["--mca", "plm_rsh_no_tree_spawn", "1"]))
-        # Flat launch: mpirun itself starts every orted (tree spawn needs every worker to ssh to the others;
-        # up to 64 hosts Open MPI's routing radix makes it flat anyway), at most plm_rsh_num_concurrent ssh
-        # sessions at a time: above Open MPI's 128, every host at once, as horovodrun sets for large
-        # clusters. Measured (flat, tree, capped): docs/benchmarks.md.
-        if plan.hosts > OMPI_RSH_CONCURRENT:
-            options.append(("plm_rsh_num_concurrent", ["--mca", "plm_rsh_num_concurrent", str(plan.hosts)]))
-    return options
+    """(name, argv) pairs of the defaults (config/mpi_defaults.py) that apply to this plan; the name is what
+    users override or drop."""
+    applies = {
+        "always": True,
+        "ranks_fill_cores": plan.yield_when_idle,
+        "interface": bool(plan.interface),
+        "ssh": plan.ssh_config is not None,
+        "many_hosts": plan.ssh_config is not None and plan.hosts > OMPI_RSH_CONCURRENT,
+    }
+    values = {"interface": plan.interface, "ssh_config": plan.ssh_config, "hosts": plan.hosts}
+    return [(d.name, [a.format_map(values) for a in d.argv]) for d in MPI_DEFAULTS if applies[d.when]]
 
 
 def default_names() -> frozenset[str]:

@@ -1,0 +1,47 @@
+"""The launcher's mpirun defaults, declared once: each one's name, its arguments and when it applies.
+
+The name is what `launcher_drop_mpi_defaults` takes (launcher_options validates it here, in the config layer)
+and what a user's own option replaces; mpi/command.default_options gives the arguments for a plan, filling
+`{interface}`, `{ssh_config}` and `{hosts}` from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# When a default applies: always; when the ranks on a host fill its cores; when the hosts' network interface
+# is known (several hosts); when mpirun starts orted over ssh (several hosts: its generated ssh config); and
+# with more hosts than Open MPI's own 128 concurrent ssh sessions.
+When = Literal["always", "ranks_fill_cores", "interface", "ssh", "many_hosts"]
+
+
+@dataclass(frozen=True)
+class MpiDefault:
+    name: str
+    argv: tuple[str, ...]
+    when: When = "always"
+
+
+MPI_DEFAULTS = (
+    # hosts' cores are the scripts' business (and TF's threads)
+    MpiDefault("bind-to", ("--bind-to", "none")),
+    MpiDefault("map-by", ("--map-by", "slot")),
+    MpiDefault("orte_abort_on_non_zero_status", ("--mca", "orte_abort_on_non_zero_status", "1")),
+    MpiDefault(
+        "odls_base_sigkill_timeout", ("--mca", "odls_base_sigkill_timeout", "0")
+    ),  # abort in ms, not 1-3 s
+    MpiDefault("mpi_yield_when_idle", ("--mca", "mpi_yield_when_idle", "1"), "ranks_fill_cores"),
+    MpiDefault("btl_tcp_if_include", ("--mca", "btl_tcp_if_include", "{interface}"), "interface"),
+    MpiDefault("oob_tcp_if_include", ("--mca", "oob_tcp_if_include", "{interface}"), "interface"),
+    # NCCL picks its own interface otherwise (docker0 or lo on some hosts); a forwarded value wins.
+    MpiDefault("NCCL_SOCKET_IFNAME", ("-x", "NCCL_SOCKET_IFNAME={interface}"), "interface"),
+    MpiDefault("plm_rsh_args", ("--mca", "plm_rsh_args", "-F {ssh_config}"), "ssh"),
+    # Flat launch: mpirun itself starts every orted (tree spawn needs every worker to ssh to the others; up
+    # to 64 hosts Open MPI's routing radix makes it flat anyway), at most plm_rsh_num_concurrent ssh sessions
+    # at a time: above Open MPI's 128, every host at once, as horovodrun sets for large clusters. Measured
+    # (flat, tree, capped): docs/benchmarks.md.
+    MpiDefault("plm_rsh_no_tree_spawn", ("--mca", "plm_rsh_no_tree_spawn", "1"), "ssh"),
+    MpiDefault("plm_rsh_num_concurrent", ("--mca", "plm_rsh_num_concurrent", "{hosts}"), "many_hosts"),
+)
+MPI_DEFAULT_NAMES = frozenset(d.name for d in MPI_DEFAULTS)
