@@ -32,9 +32,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ warnings 
 import numpy as np
 import tensorflow as tf
 from mrcnn import data, dist, staged
-from mrcnn.config import Config, ConfigError, build_config, scaled_schedule, to_dict
+from mrcnn.config import Config, ConfigError, Schedule, build_config, scaled_schedule, to_dict
 from mrcnn.data import DataError
-from mrcnn.weights import check_readable, model_init, pretrained_init
+from mrcnn.weights import check_readable, is_model_variable, model_init, pretrained_init
 
 tf1 = tf.compat.v1
 
@@ -172,14 +172,10 @@ def latest_checkpoint_step(ckpt_dir: Path) -> tuple[str | None, int]:
 
 
 def export_npz(ckpt: str, out: Path) -> None:
-    """The model's variables (no optimizer slots, no step counter) as an .npz, written atomically."""
+    """The model's variables (no optimizer slots, step counter or learning rate) as an .npz, atomically."""
     from tensorpack.tfutils.varmanip import load_checkpoint_vars
 
-    params = {
-        k: v
-        for k, v in load_checkpoint_vars(ckpt).items()
-        if "Momentum" not in k and not k.startswith("global_step")
-    }
+    params = {k: v for k, v in load_checkpoint_vars(ckpt).items() if is_model_variable(k)}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.npz")
     np.savez_compressed(tmp, **params)
@@ -239,8 +235,72 @@ def train_log_callback(images_per_step: int) -> Any:
     return _TrainLog()
 
 
-def train(cfg: Config, paths: Paths, world: dist.World, ds: data.Dataset) -> str:
-    """Train (or resume) to cfg.total_steps; returns the final checkpoint path (on rank 0)."""
+def schedule_callback(schedule: Schedule) -> Any:
+    """Tensorpack callback (every rank, as tensorpack's ScheduledHyperParamSetter): sets the `learning_rate`
+    variable before the first step and after every step to the schedule's value for the next one."""
+    from mrcnn.config import LR_NAME
+    from tensorpack.callbacks import HyperParamSetter
+
+    class _Schedule(HyperParamSetter):  # type: ignore[misc]  # tensorpack has no type information: Any
+        def _get_value_to_set(self) -> float:
+            return schedule.learning_rate(self.global_step)
+
+        def _trigger_step(self) -> None:
+            self.trigger()
+
+        def _trigger_epoch(self) -> None:
+            pass  # set after every step already
+
+    return _Schedule(LR_NAME)
+
+
+def eval_epochs(eval_period: int, first_epoch: int, max_epoch: int, final_eval: bool) -> tuple[int, ...]:
+    """The epochs after which training evaluates: every eval_period-th (tensorpack's TRAIN.EVAL_PERIOD) and
+    the last one, which the evaluation after training covers when it runs."""
+    if eval_period <= 0:
+        return ()
+    wanted = {e for e in range(first_epoch, max_epoch + 1) if e % eval_period == 0} | {max_epoch}
+    return tuple(sorted(wanted - ({max_epoch} if final_eval else set())))
+
+
+def eval_callback(cfg: Config, world: dist.World, ds: data.Dataset, epochs: tuple[int, ...]) -> Any:
+    """Tensorpack callback (every rank): after the given epochs, each rank predicts its share of the
+    validation set with the weights being trained; rank 0 logs COCO AP (log_metrics) and puts it in
+    stats.json."""
+    from mrcnn.model import OUTPUT_NAMES
+    from tensorpack.callbacks import Callback
+
+    class _Eval(Callback):  # type: ignore[misc]  # tensorpack has no type information: Callback is Any
+        _chief_only = False  # every rank predicts its shard
+
+        def _setup_graph(self) -> None:
+            # An inference tower sharing the training variables (device 0: the rank's own GPU, or the CPU).
+            self._predict = self.trainer.get_predictor(["image"], list(OUTPUT_NAMES))
+
+        def _trigger_epoch(self) -> None:
+            if self.epoch_num not in epochs:
+                return
+            metrics = score(cfg, world, ds, self._predict, self.global_step)
+            if metrics is not None:
+                for kind in ("bbox", "segm"):
+                    for key in ("AP", "AP50", "AP75"):
+                        value = metrics[kind][key]
+                        if value is not None:
+                            self.trainer.monitors.put_scalar(f"val/{kind}_{key}", value)
+
+    return _Eval()
+
+
+def train(
+    cfg: Config,
+    schedule: Schedule,
+    paths: Paths,
+    world: dist.World,
+    ds: data.Dataset,
+    val: tuple[data.Dataset, bool] | None,
+) -> str:
+    """Train (or resume) to schedule.total_steps, evaluating on `val` (a data set, and whether the evaluation
+    after training follows) every cfg.eval_period epochs; returns the final checkpoint path (on rank 0)."""
     from mrcnn.model import MaskRCNN
     from tensorpack import TrainConfig, launch_train_with_config
     from tensorpack.callbacks import MergeAllSummaries, ModelSaver, MovingAverageSummary, RunUpdateOps
@@ -251,15 +311,23 @@ def train(cfg: Config, paths: Paths, world: dist.World, ds: data.Dataset) -> str
     from tensorpack.utils import logger
 
     recs = data.records(ds, with_empty=False)
-    schedule = scaled_schedule(cfg, world.size * cfg.images_per_rank)
     ckpt, step = latest_checkpoint_step(paths.checkpoints) if world.is_chief else (None, 0)
     step = dist.broadcast_int(world, step)
+    spe = cfg.steps_per_epoch
+    first_epoch, max_epoch = step // spe + 1, schedule.total_steps // spe
+    epochs = eval_epochs(cfg.eval_period, first_epoch, max_epoch, val[1]) if val else ()
     if world.is_chief:
         logger.info(
             f"{len(recs)} training images, {ds.num_classes - 1} classes, world size {world.size}; "
-            f"lr {schedule.lr:g}, warmup {schedule.warmup_steps}, decay at {schedule.decay_steps}, "
-            f"{schedule.total_steps} steps" + (f"; resuming from {ckpt} (step {step})" if ckpt else "")
-        )
+            f"learning rate {schedule.warmup_init_lr:g} -> {schedule.base_lr:g} over {schedule.warmup_steps} "
+            f"steps, x0.1 at {list(schedule.decay_steps)}, applied / {schedule.lr_divisor} to the gradients "
+            f"summed over ranks" + (f" and {schedule.accumulate} steps" if schedule.accumulate > 1 else "")
+            + f"; {schedule.total_steps} steps"
+            + (f"; evaluating after epochs {list(epochs)}" if epochs else "")
+            + (f"; resuming from {ckpt} (step {step})" if ckpt else "")
+        )  # fmt: skip
+        if cfg.eval_period and val is None:
+            logger.info(f"eval_period {cfg.eval_period}: no validation data, not evaluating while training")
     if step >= schedule.total_steps:
         if world.is_chief:
             logger.info(
@@ -274,11 +342,12 @@ def train(cfg: Config, paths: Paths, world: dist.World, ds: data.Dataset) -> str
         elif paths.pretrained:
             logger.info(f"loading pretrained weights from {paths.pretrained}")
             session_init = pretrained_init(paths.pretrained, logger.info)
-    spe = cfg.steps_per_epoch
     sess_config = session_config(world)
-    callbacks = [train_log_callback(world.size * cfg.images_per_rank)]
+    callbacks = [schedule_callback(schedule), train_log_callback(world.size * cfg.images_per_rank)]
     if world.is_chief:
         callbacks.append(ModelSaver(max_to_keep=cfg.max_checkpoints, checkpoint_dir=str(paths.checkpoints)))
+    if val and epochs:
+        callbacks.append(eval_callback(cfg, world, val[0], epochs))
     config = TrainConfig(
         model=MaskRCNN(cfg, ds.num_classes, schedule),
         data=QueueInput(data.train_dataflow(recs, cfg, world.rank, world.size)),
@@ -287,28 +356,69 @@ def train(cfg: Config, paths: Paths, world: dist.World, ds: data.Dataset) -> str
         session_creator=NewSessionCreator(config=sess_config),
         session_init=session_init,
         steps_per_epoch=spe,
-        starting_epoch=step // spe + 1,
-        max_epoch=math.ceil(schedule.total_steps / spe),
+        starting_epoch=first_epoch,
+        max_epoch=max_epoch,
     )
-    trainer = HorovodTrainer(average=True) if world.size > 1 else SimpleTrainer()
+    # Horovod: gradients are summed over the ranks, not averaged (tensorpack's HorovodTrainer(average=False));
+    # the schedule divides the rate by its reference batch instead.
+    trainer = HorovodTrainer(average=False) if world.size > 1 else SimpleTrainer()
     launch_train_with_config(config, trainer)
     final, _ = latest_checkpoint_step(paths.checkpoints) if world.is_chief else (None, 0)
     return final or ""
 
 
-def evaluate(
-    cfg: Config, world: dist.World, ds: data.Dataset, weights: Path, output: Path
+def score(
+    cfg: Config, world: dist.World, ds: data.Dataset, predictor: Any, step: int | None
 ) -> dict[str, Any] | None:
-    """Each rank predicts its shard of the validation images; rank 0 runs COCOeval and writes eval.json."""
+    """Each rank predicts its shard of the validation images (rank r every size-th from r), the detections
+    are gathered to rank 0, which runs COCOeval and logs the result (log_metrics); the metrics on rank 0."""
     from mrcnn.evaluation import coco_evaluate, predict_image
+
+    recs = data.records(ds, with_empty=True)
+    if cfg.eval_max_images:
+        recs = recs[: cfg.eval_max_images]
+    t0 = time.perf_counter()
+    mine = recs[world.rank :: world.size]
+    results = [
+        res for r in mine for res in predict_image(predictor, r.path, r.image_id, cfg, ds.category_ids)
+    ]
+    seconds = time.perf_counter() - t0
+    everything = [json.loads(b) for b in dist.gather_bytes(world, json.dumps(results).encode())]
+    if not world.is_chief:
+        return None
+    results = [r for part in everything for r in part]
+    metrics = coco_evaluate(ds.coco, results, [r.image_id for r in recs])
+    metrics.update(
+        images=len(recs), detections=len(results), annotations=str(ds.annotation_file),
+        seconds_per_image_per_rank=seconds / max(len(mine), 1), step=step, results=results,
+    )  # fmt: skip
+    log_metrics(metrics)
+    return metrics
+
+
+def log_metrics(metrics: dict[str, Any]) -> None:
+    """One line per kind, in the fixed format the SageMaker metric definitions of docs/maskrcnn.md read:
+    `COCO bbox AP 0.4523 AP50 0.6651 AP75 0.4012 (16 images, step 40)` (nan where COCOeval has no value)."""
+    from tensorpack.utils import logger
+
+    where = f", step {metrics['step']}" if metrics.get("step") is not None else ""
+    for kind in ("bbox", "segm"):
+        values = " ".join(
+            f"{key} {metrics[kind][key]:.4f}" if metrics[kind][key] is not None else f"{key} nan"
+            for key in ("AP", "AP50", "AP75")
+        )
+        logger.info(f"COCO {kind} {values} ({metrics['images']} images{where})")
+
+
+def evaluate(
+    cfg: Config, world: dist.World, ds: data.Dataset, weights: Path, output: Path, step: int | None
+) -> dict[str, Any] | None:
+    """score() with the weights of a model file; rank 0 writes eval.json and detections.json."""
     from mrcnn.model import OUTPUT_NAMES, MaskRCNN
     from tensorpack.predict import OfflinePredictor, PredictConfig
     from tensorpack.tfutils.sesscreate import NewSessionCreator
     from tensorpack.utils import logger
 
-    recs = data.records(ds, with_empty=True)
-    if cfg.eval_max_images:
-        recs = recs[: cfg.eval_max_images]
     sess_config = session_config(world)
     sess_config.gpu_options.visible_device_list = str(world.local_rank)  # as HorovodTrainer does in training
     sess_config.gpu_options.allow_growth = True
@@ -321,29 +431,15 @@ def evaluate(
             output_names=list(OUTPUT_NAMES),
         )
     )
-    t0 = time.perf_counter()
-    mine = [r for i, r in enumerate(recs) if i % world.size == world.rank]
-    results = [
-        res for r in mine for res in predict_image(predictor, r.path, r.image_id, cfg, ds.category_ids)
-    ]
-    seconds = time.perf_counter() - t0
-    everything = [json.loads(b) for b in dist.gather_bytes(world, json.dumps(results).encode())]
-    if not world.is_chief:
+    metrics = score(cfg, world, ds, predictor, step)
+    if metrics is None:
         return None
-    results = [r for part in everything for r in part]
-    metrics = coco_evaluate(ds.coco, results, [r.image_id for r in recs])
-    metrics.update(
-        images=len(recs), detections=len(results), model=str(weights), annotations=str(ds.annotation_file),
-        seconds_per_image_per_rank=seconds / max(len(mine), 1),
-    )  # fmt: skip
+    results = metrics.pop("results")
+    metrics["model"] = str(weights)
     output.mkdir(parents=True, exist_ok=True)
     (output / "eval.json").write_text(json.dumps(metrics, indent=2))
     (output / "detections.json").write_text(json.dumps(results))
-    logger.info(
-        f"COCO bbox AP {metrics['bbox']['AP']:.4f} AP50 {metrics['bbox']['AP50']:.4f}; "
-        f"segm AP {metrics['segm']['AP']:.4f} AP50 {metrics['segm']['AP50']:.4f} "
-        f"({len(recs)} images) -> {output / 'eval.json'}"
-    )
+    logger.info(f"evaluation written to {output / 'eval.json'}")
     return metrics
 
 
@@ -353,12 +449,13 @@ def run(a: argparse.Namespace) -> int:
     cfg = build_config(a.preset, parse_overrides(a.config))
     paths = resolve_paths(a)
     do_eval, eval_only = _bool("eval", a.eval), _bool("eval-only", a.eval_only)
+    want_val = do_eval or eval_only or cfg.eval_period > 0  # after training, only, or while training
     # Data problems surface here, before anything is written (and not after hours of training for val).
     staging_report = staged.check_manifest(
         paths.annotations,
         {
             "train": None if eval_only else paths.train,
-            "val": paths.val if (do_eval or eval_only) else None,
+            "val": paths.val if want_val else None,
             "annotations": paths.annotations,
             "pretrained": paths.pretrained.parent if paths.pretrained and not eval_only else None,
         },
@@ -366,7 +463,7 @@ def run(a: argparse.Namespace) -> int:
     train_ds = None if eval_only else load_training_data(paths)
     val_ds = (
         data.load_dataset(paths.val, paths.val_json, paths.annotations, "val")
-        if (do_eval or eval_only) and paths.val
+        if want_val and paths.val
         else None
     )
     if paths.pretrained is not None and not eval_only:
@@ -376,6 +473,7 @@ def run(a: argparse.Namespace) -> int:
     # Graph mode for tensorpack: process-wide, so only once the arguments are known to be good.
     tf1.disable_eager_execution()
     world = dist.init_world()
+    schedule = None if eval_only else scaled_schedule(cfg, world.size * cfg.images_per_rank)
     if world.is_chief:
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
         logger.set_logger_dir(str(paths.checkpoints), action="k")
@@ -386,20 +484,22 @@ def run(a: argparse.Namespace) -> int:
         # One log, rank 0's: tensorpack.utils.logger logs through the standard logger named "tensorpack".
         logging.getLogger("tensorpack").setLevel(logging.WARNING)
     model_file = paths.model / MODEL_FILE
-    if train_ds is not None:
-        final = train(cfg, paths, world, train_ds)
+    step = None
+    if train_ds is not None and schedule is not None:
+        final = train(cfg, schedule, paths, world, train_ds, (val_ds, do_eval) if val_ds else None)
         if world.is_chief and final:
             export_npz(final, model_file)
             (paths.model / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
             logger.info(f"model written to {model_file}")
-    if val_ds is None:
+            step = int(tf1.train.load_variable(final, "global_step"))
+    if val_ds is None or not (do_eval or eval_only):
         if do_eval and world.is_chief:
             logger.info("no validation data (--val-dir, 'val' channel or <data-dir>/val): not evaluating")
         return 0
     if world.is_chief and not model_file.is_file():
         raise UsageError(f"no model to evaluate: {model_file} does not exist")
     with tempfile.TemporaryDirectory(prefix="maskrcnn-eval-") as tmp:
-        evaluate(cfg, world, val_ds, shared_file(world, model_file, Path(tmp)), paths.output)
+        evaluate(cfg, world, val_ds, shared_file(world, model_file, Path(tmp)), paths.output, step)
     return 0
 
 

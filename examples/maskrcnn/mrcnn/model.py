@@ -22,13 +22,12 @@ import tensorflow as tf
 from tensorpack import ModelDesc
 from tensorpack.models import Conv2D, Conv2DTranspose, FullyConnected
 from tensorpack.models.regularize import regularize_cost
-from tensorpack.tfutils.common import get_global_step_var
 from tensorpack.tfutils.summary import add_moving_summary
 from tensorpack.tfutils.tower import get_current_tower_context
 from tensorpack.tfutils.varreplace import freeze_variables
 
 from . import boxes as B
-from .config import Config, Schedule
+from .config import LR_NAME, Config, Schedule
 from .data import PIXEL_MEAN_BGR, PIXEL_STD_BGR
 
 tf1 = tf.compat.v1
@@ -42,9 +41,12 @@ def normalize(x: tf.Tensor, cfg: Config) -> tf.Tensor:
     """The configured normalisation, in the current variable scope."""
     c = int(x.shape[-1])
     if cfg.norm == "FreezeBN":
+        # The statistics are never updated; gamma/beta train unless freeze_affine (tensorpack's FreezeBN: a
+        # BatchNorm in inference mode whose affine is trainable), or the stage is frozen (freeze_variables).
+        affine = not cfg.freeze_affine
         with tf1.variable_scope("bn"):
-            gamma = tf1.get_variable("gamma", [c], initializer=tf1.ones_initializer(), trainable=False)
-            beta = tf1.get_variable("beta", [c], initializer=tf1.zeros_initializer(), trainable=False)
+            gamma = tf1.get_variable("gamma", [c], initializer=tf1.ones_initializer(), trainable=affine)
+            beta = tf1.get_variable("beta", [c], initializer=tf1.zeros_initializer(), trainable=affine)
             mean = tf1.get_variable("mean/EMA", [c], initializer=tf1.zeros_initializer(), trainable=False)
             var = tf1.get_variable("variance/EMA", [c], initializer=tf1.ones_initializer(), trainable=False)
             mul = gamma * tf.math.rsqrt(var + 1e-5)
@@ -435,14 +437,47 @@ class MaskRCNN(ModelDesc):  # type: ignore[misc]  # tensorpack has no type infor
         return total
 
     def optimizer(self) -> Any:  # a tf.compat.v1.train.Optimizer
+        """Momentum on `learning_rate / lr_divisor` (the variable is set before each step by the trainer's
+        schedule callback), over gradients summed across ranks; accumulated over `accumulate` steps when the
+        batch is below the schedule's (tensorpack's AccumGradOptimizer, as its example does below 8 GPUs)."""
         if self.schedule is None:
             raise ValueError("MaskRCNN.optimizer needs a schedule")
-        s, cfg = self.schedule, self.cfg
-        step = tf.cast(get_global_step_var(), tf.float32)
-        warm = cfg.warmup_factor + (1.0 - cfg.warmup_factor) * tf.minimum(1.0, step / float(s.warmup_steps))
-        decay = tf.pow(
-            0.1, tf.add_n([tf.cast(step >= b, tf.float32) for b in s.decay_steps] + [tf.constant(0.0)])
-        )
-        lr = tf.identity(s.lr * warm * decay, name="learning_rate")
-        tf1.summary.scalar("learning_rate-summary", lr)
-        return tf1.train.MomentumOptimizer(lr, cfg.momentum)
+        return make_optimizer(self.schedule, self.cfg.momentum)
+
+
+def make_optimizer(schedule: Schedule, momentum: float) -> Any:
+    lr = tf1.get_variable(LR_NAME, initializer=0.0, trainable=False)
+    tf1.summary.scalar("learning_rate-summary", lr)
+    opt = tf1.train.MomentumOptimizer(lr / float(schedule.lr_divisor), momentum)
+    return accumulating(opt, schedule.accumulate) if schedule.accumulate > 1 else opt
+
+
+def accumulating(opt: Any, steps: int) -> Any:
+    """`opt` applied on every `steps`-th step to the sum of the gradients of the last `steps` steps (what
+    tensorpack's AccumGradOptimizer is documented to do, with the same slot names `<var>/AccumGrad`). Its own
+    class reads the step counter without ordering the read after the increment: under TF 2's resource
+    variables that applies an update at step 0 (seen here); this one orders every read."""
+    from tensorpack.tfutils.optimizer import ProxyOptimizer
+
+    class _Accumulating(ProxyOptimizer):  # type: ignore[misc]  # tensorpack has no type information: Any
+        def apply_gradients(self, grads_and_vars: Any, global_step: Any = None, name: Any = None) -> Any:
+            pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+            with tf.control_dependencies(None):
+                slots = [self._zeros_slot(v, "accum", self._name) for _, v in pairs]
+                with tf1.variable_scope(self._name):
+                    counter = tf1.get_variable("counter", initializer=0, trainable=False)
+            added = [s.assign_add(g) for s, (g, _) in zip(slots, pairs, strict=True)]
+            with tf.control_dependencies(added):
+                due = tf.equal(tf.math.floormod(counter.assign_add(1), steps), 0)
+
+            def apply() -> Any:
+                update = self._opt.apply_gradients(
+                    [(s.read_value(), v) for s, (_, v) in zip(slots, pairs, strict=False)]
+                )
+                with tf.control_dependencies([update]):
+                    return tf.group(*[s.assign(tf.zeros_like(s)) for s in slots])
+
+            with tf.control_dependencies([due]):
+                return tf.cond(due, apply, tf.no_op, name=name or "accumulate_or_apply")
+
+    return _Accumulating(opt, "AccumGrad")

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .config import LR_NAME
 from .data import DataError
 
 Shape = tuple[int, ...]
@@ -179,15 +180,23 @@ def check_complete(path: Path, match: WeightsMatch) -> None:
         )
 
 
-def _variables() -> dict[str, Any]:
-    """The graph's model variables by name (no step counter, no optimizer state)."""
-    import tensorflow as tf
+def is_model_variable(name: str) -> bool:
+    """A weight of the model, not training state: no step counter, learning rate, or optimizer slot
+    (Momentum, AccumGrad and its counter)."""
     from tensorpack.tfutils.varmanip import is_training_name
+
+    name = canonical(name)
+    return not is_training_name(name) and not name.startswith("global_step") and name != LR_NAME
+
+
+def _variables() -> dict[str, Any]:
+    """The graph's model variables by name."""
+    import tensorflow as tf
 
     return {
         v.op.name: v
         for v in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-        if not is_training_name(v.name) and not v.op.name.startswith("global_step")
+        if is_model_variable(v.op.name)
     }
 
 

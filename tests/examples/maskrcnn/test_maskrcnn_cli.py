@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 import train_maskrcnn
-from mrcnn.config import ConfigError, build_config, scaled_schedule
+from mrcnn.config import ConfigError, build_config
 
 
 def test_preset_and_overrides() -> None:
@@ -29,13 +29,6 @@ def test_preset_and_overrides() -> None:
 def test_bad_overrides_name_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_config("tiny", [override])
-
-
-def test_schedule_follows_the_linear_scaling_rule() -> None:
-    cfg = build_config("coco", [])
-    s = scaled_schedule(cfg, 32)  # 4 hosts x 8 GPUs
-    assert s.lr == pytest.approx(0.04)
-    assert (s.warmup_steps, s.decay_steps, s.total_steps) == (500, (30000, 40000), 45000)
 
 
 def test_script_rejects_bad_input_with_one_line(tmp_path: Path, shapes: Path, monkeypatch, capsys) -> None:

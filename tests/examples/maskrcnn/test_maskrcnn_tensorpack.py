@@ -45,14 +45,17 @@ def model_variables(graph: tf.Graph) -> dict[str, list[int]]:
     }
 
 
-def build_inference(num_classes: int) -> tuple[tf.Graph, tf.Tensor, list[tf.Tensor]]:
+def build_inference(
+    num_classes: int, overrides: tuple[str, ...] = ()
+) -> tuple[tf.Graph, tf.Tensor, list[tf.Tensor]]:
     graph = tf.Graph()
+    cfg = build_config("coco", list(overrides))
     with graph.as_default():
         image = tf1.placeholder(tf.uint8, [None, None, 3], "image")
-        specs = MaskRCNN(build_config("coco", []), num_classes).inputs()
+        specs = MaskRCNN(cfg, num_classes).inputs()
         rest = [tf1.placeholder(s.dtype, s.shape, s.name) for s in specs[1:]]
         with PredictTowerContext(""):
-            MaskRCNN(build_config("coco", []), num_classes).build_graph(image, *rest)
+            MaskRCNN(cfg, num_classes).build_graph(image, *rest)
         outputs = [graph.get_tensor_by_name(n + ":0") for n in OUTPUT_NAMES]
     return graph, image, outputs
 
