@@ -139,7 +139,7 @@ class MpiOptions:
     custom_options: tuple[str, ...] = option(
         "sagemaker_mpi_custom_mpi_options",
         (),
-        lambda value, key: split_mpi_options(value, key),
+        lambda value, key: split_mpi_options(value, key),  # (defined below, with the toolkit's forms)
         "extra mpirun options, split with `shlex` (quotes work), placed after the defaults; an option that "
         "sets a default (below), or that Open MPI refuses beside it, **replaces** it",
         shown_default='`""`',
@@ -352,8 +352,7 @@ def _toolkit_nccl_debug(tokens: list[str], key: str) -> tuple[str, ...]:
 
 
 def parse_launcher_options(reserved: Mapping[str, object]) -> LauncherOptions:
-    declared = all_declarations()
-    keys = {d.option.key for d in declared}
+    keys = {d.option.key for d in all_declarations()}
     unknown = sorted(k for k in reserved if k.startswith(("horovod_", "launcher_")) and k not in keys)
     if unknown:
         prefix = unknown[0].split("_", 1)[0] + "_"
