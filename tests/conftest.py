@@ -45,6 +45,18 @@ class TrainJob:
             check=False,
         )
 
+    def run_bytes(
+        self, timeout: float = 240, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[bytes]:
+        """As run, with stdout and stderr as the bytes they are."""
+        return subprocess.run(
+            [str(TRAIN)],
+            env={**os.environ, "SAGEMAKER_BASE_DIR": str(self.paths.base), **(env or {})},
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+
     def failure(self) -> str | None:
         path = self.paths.failure_file
         return path.read_text() if path.exists() else None

@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping, MutableMapping
 
 from smhvd import wire
@@ -242,6 +243,7 @@ def program_argv(args: list[str], env: MutableMapping[str, str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    warnings.simplefilter("ignore")  # the wrapper's own warnings never reach the job's log
     args = program_argv(sys.argv[1:] if argv is None else argv, os.environ)
     if not args:
         sys.stderr.write("usage: python -m smhvd.rank -- PROGRAM [ARGS...]\n")

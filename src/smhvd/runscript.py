@@ -9,20 +9,28 @@ with the script's code without running exit handlers, so the rank wrapper sees t
 the job on every host within seconds. `python -m mpi4py` does this with MPI_Abort; this works for any
 framework.
 
-A script that ends normally, or with sys.exit(0), exits as usual (exit handlers, MPI_Finalize). A
-KeyboardInterrupt ends the process by SIGINT, as Python does, so a stop request stays a stop. The script runs
-as `__main__` with its own directory first on sys.path and `sys.argv == [SCRIPT, *ARGS]`.
+A script that ends normally, or with sys.exit(0) (or sys.exit(False)), exits as usual (exit handlers,
+MPI_Finalize). A KeyboardInterrupt prints its traceback and ends the process by SIGINT, as Python does, so a
+stop request stays a stop. A sys.excepthook that itself raises or exits is reported as Python reports it (its
+error, then the original), and the process ends at once all the same. The script runs as `__main__` with its
+own directory first on sys.path and `sys.argv == [SCRIPT, *ARGS]`. Run as `python -P -m smhvd.runscript`: the
+code directory is not on sys.path while this module imports what it needs (a `signal.py` or `json.py` of the
+user's shadows nothing here), only from the script's start on, as under `python SCRIPT`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import runpy
-import signal
 import sys
-from pathlib import Path
-from types import TracebackType
+
+_LOADED_BEFORE = frozenset(sys.modules)  # what the interpreter had loaded before this module's own imports
+
+import contextlib  # noqa: E402  (after the note of what was loaded before)
+import os  # noqa: E402
+import runpy  # noqa: E402
+import signal  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import TracebackType  # noqa: E402
 
 
 def _flush() -> None:
@@ -36,13 +44,13 @@ def _exit_now(status: int) -> None:
     os._exit(status)
 
 
-def exit_status(code: object) -> int | None:
-    """The process status of sys.exit(code); None for a clean exit (0 or None). Pure."""
+def sys_exit_status(code: object) -> int | None:
+    """The process status `sys.exit(code)` gives; None for a clean exit (0, False, None). Pure."""
     if code is None:
         return None
-    if isinstance(code, bool) or not isinstance(code, int):
-        return 1  # sys.exit("message") prints the message and exits 1
-    return None if code == 0 else code & 0xFF
+    if isinstance(code, int):  # bool included: sys.exit(not ok)
+        return (code & 0xFF) or None
+    return 1  # sys.exit("message") prints the message and exits 1
 
 
 def script_frames(tb: TracebackType | None, script: str) -> TracebackType | None:
@@ -53,30 +61,59 @@ def script_frames(tb: TracebackType | None, script: str) -> TracebackType | None
     return tb
 
 
+def report(failure: BaseException, script: str) -> int | None:
+    """Print an uncaught exception as Python does, through sys.excepthook; when the hook itself raises, its
+    error and then the original. The status a hook's sys.exit asked for, else None."""
+    trimmed = script_frames(failure.__traceback__, script)
+    failure = failure.with_traceback(trimmed)
+    try:
+        sys.excepthook(type(failure), failure, trimmed)
+    except SystemExit as stop:
+        traceback.print_exception(failure, file=sys.stderr)  # the hook exited without a word: the cause
+        return sys_exit_status(stop.code) or 1
+    except BaseException as broken:
+        print("Error in sys.excepthook:", file=sys.stderr)
+        traceback.print_exception(broken, file=sys.stderr)
+        print("\nOriginal exception was:", file=sys.stderr)
+        traceback.print_exception(failure, file=sys.stderr)
+    return None
+
+
+def forget_own_imports() -> None:
+    """Take the modules this one imported out of sys.modules (it keeps its references): the script imports
+    its own (a `signal.py` beside it) as it would under `python SCRIPT`."""
+    for name in set(sys.modules) - _LOADED_BEFORE - {"__main__", "smhvd"}:
+        del sys.modules[name]
+
+
 def main(argv: list[str]) -> None:
     if not argv:
         sys.stderr.write("usage: python -m smhvd.runscript SCRIPT [ARGS...]\n")
         _exit_now(64)
     script = argv[0]
     sys.argv = list(argv)
-    sys.path[0] = str(Path(script).resolve().parent)  # as `python SCRIPT` sets it
+    here = str(Path(script).resolve().parent)
+    if sys.flags.safe_path:
+        sys.path.insert(0, here)  # as `python SCRIPT` sets it
+    else:
+        sys.path[0] = here
+    forget_own_imports()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as stop:
-        status = exit_status(stop.code)
+        status = sys_exit_status(stop.code)
         if status is None:
             raise  # a clean exit: exit handlers run as usual
         if not isinstance(stop.code, int):
             print(stop.code, file=sys.stderr)
         _exit_now(status)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
+        report(interrupt, script)
         _flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     except BaseException as failure:  # any failure of the script: report it, then end without waiting
-        trimmed = script_frames(failure.__traceback__, script)
-        sys.excepthook(type(failure), failure.with_traceback(trimmed), trimmed)  # the hook prints value's own
-        _exit_now(1)
+        _exit_now(report(failure, script) or 1)
 
 
 if __name__ == "__main__":

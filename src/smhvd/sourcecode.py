@@ -136,7 +136,7 @@ def program_command(path: Path, python: str = sys.executable) -> list[str]:
     """How to run the entry point: Python scripts with this interpreter under smhvd.runscript (a failing
     script ends its rank at once instead of hanging in MPI's finalisation), shell scripts with bash."""
     if path.suffix == ".py":
-        return [python, "-m", "smhvd.runscript", str(path)]
+        return [python, "-P", "-m", "smhvd.runscript", str(path)]  # -P: see runscript.py
     if path.suffix == ".sh":
         return ["/bin/bash", str(path)]
     if os.access(path, os.X_OK):

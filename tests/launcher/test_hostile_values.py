@@ -39,7 +39,7 @@ HOSTILE_ARGV = [
 
 def test_the_programs_argv_travels_in_the_environment_not_on_mpiruns_command_line():
     command, env = mpirun_rank_command(HOSTILE_ARGV, {"PATH": "/bin"})
-    assert command[1:] == ["-m", "smhvd.rank"]
+    assert command[1:] == ["-P", "-m", "smhvd.rank"]
     assert env["PATH"] == "/bin" and set(env) == {"PATH", RANK_ARGV}
     plan = MpiPlan(2, Path("/h"), Path("/w"), tuple(command), forward=(RANK_ARGV,))
     argv = build_mpirun_argv(plan)

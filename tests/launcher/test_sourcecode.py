@@ -63,6 +63,7 @@ def test_archive_is_unpacked_and_program_checked(tmp_path):
     assert program_path(source) == paths.code_dir / "pkg" / "train.py"
     assert program_command(paths.code_dir / "pkg" / "train.py", "/py") == [
         "/py",
+        "-P",
         "-m",
         "smhvd.runscript",
         str(paths.code_dir / "pkg/train.py"),

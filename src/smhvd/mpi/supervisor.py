@@ -130,6 +130,7 @@ def supervise(
         remove_session_dir(proc.pid, env)
     finally:
         os.close(exited)
+        proc.stderr.close()
         if own:
             watch.__exit__(None, None, None)
     if hung.ended:

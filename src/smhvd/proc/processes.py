@@ -85,7 +85,7 @@ def descendants(root: int | None = None) -> list[int]:
     return descendants_of(os.getpid() if root is None else root, read_process_table())
 
 
-RANK_MODULE = "smhvd.rank"  # the rank wrapper: `python -m smhvd.rank ...`
+RANK_MODULE = "smhvd.rank"  # the rank wrapper: `python -P -m smhvd.rank ...`
 
 
 def is_rank_wrapper(pid: int) -> bool:

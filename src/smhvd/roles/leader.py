@@ -33,8 +33,10 @@ DUMP_LINE_LIMIT = 400  # of the failure file's 1024 characters, at most this muc
 
 
 def rank_command(program: Sequence[str]) -> list[str]:
-    """The program under the wrapper (smhvd.rank), with this interpreter, started directly (MPI disabled)."""
-    return [sys.executable, "-m", "smhvd.rank", "--", *program]
+    """The program under the wrapper (smhvd.rank), with this interpreter, started directly (MPI disabled).
+    `-P`: the working directory (the user's code) is not on sys.path, so none of its modules shadows the
+    wrapper's (a `signal.py` beside the script)."""
+    return [sys.executable, "-P", "-m", "smhvd.rank", "--", *program]
 
 
 def mpirun_rank_command(program: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -43,7 +45,7 @@ def mpirun_rank_command(program: Sequence[str], env: Mapping[str, str]) -> tuple
     The argv travels as JSON in RANK_ARGV (forwarded to other hosts by name, `-x SMHVD_RANK_ARGV`), never on
     mpirun's command line: there a user's value `:` starts a second program, and `-np`, `--app` or `-x` are
     read as mpirun's own options. The wrapper takes it out of the program's environment."""
-    return [sys.executable, "-m", "smhvd.rank"], {**env, RANK_ARGV: json.dumps(list(program))}
+    return [sys.executable, "-P", "-m", "smhvd.rank"], {**env, RANK_ARGV: json.dumps(list(program))}
 
 
 def failure_reason(outcome: Outcome) -> str:
