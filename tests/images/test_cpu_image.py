@@ -317,14 +317,20 @@ def test_push_ecr_branches_with_a_fake_aws_cli(
         "smhvd/ecr-test",
         cpu_image.immutable,
     ]
-    for _ in range(2):  # idempotent: the second run finds the repository
-        run(cmd, env, 1800, WORK / "push-ecr-fake.log")
+    pushed = [run(cmd, env, 1800, WORK / "push-ecr-fake.log") for _ in range(2)]  # the second finds the repo
     calls = (tmp_path / "aws.log").read_text().splitlines()
     assert sum(c.startswith("ecr create-repository") for c in calls) == 1, calls
     assert sum(c.startswith("ecr get-login-password") for c in calls) == 2, calls
     assert any("--repository-name smhvd/ecr-test" in c for c in calls)
     auth = json.loads((tmp_path / "auth.json").read_text())["auths"][registry]["auth"]
     assert base64.b64decode(auth).decode() == "AWS:fake-ecr-password"
+    # The image is in the registry under the printed URI: the local image's config, a Docker v2 manifest.
+    uri = f"{registry}/smhvd/ecr-test:{cpu_image.immutable.rsplit(':', 1)[1]}"
+    assert [proc.stdout.split() for proc in pushed] == [[uri], [uri]]
+    inspect = ["skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{uri}"]
+    manifest = json.loads(run(inspect, engine_env, 120).stdout)
+    assert manifest["mediaType"] == DOCKER_V2
+    assert manifest["config"]["digest"] == f"sha256:{cpu_image.image_id}"
 
 
 def test_docker_cli_builds_and_runs_through_podman_service(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tarfile
 import textwrap
@@ -211,14 +212,14 @@ def test_model_trainer_local_mpi_runs_through_our_launcher(
     assert run.output_file("failure") is None
 
 
-# A rank that fails on algo-2 while rank 0 would run for a minute: the job must end within seconds, with
-# the failing rank's exit code and its stderr in the failure file the SDK collects.
+# A rank that fails on algo-2 while rank 0 would run past the run's JOB_TIMEOUT: the job must end with the
+# failing rank, its exit code and its stderr in the failure file the SDK collects.
 FAILING = """
 import os, sys, time
 if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
     print("rank 1 gives up: no data", file=sys.stderr, flush=True)
     sys.exit(3)
-time.sleep(60)
+time.sleep(3600)
 """
 
 
@@ -237,11 +238,12 @@ def test_a_failing_rank_ends_the_job_fast_with_our_failure_file(
     run = run_trainer(sdk_v3, cpu_image.immutable, tmp_path, "failure", spec)
     assert run.exit_code == 3 and "TRAIN-FAILED RuntimeError" in run.out, run.out[-3000:]
     assert "[smhvd" in run.out and "Running MPI Driver" not in run.out
-    assert run.seconds < 55, f"the job outlived its failing rank: {run.seconds:.0f} s"
+    # Ended by the failing rank, not by rank 0's hour: run_trainer would have timed out (how long it took is
+    # in build/images-test/timings.jsonl, sdk-v3-local-failure).
     failure = run.output_file("failure")
     assert failure is not None, run.out[-3000:]
+    assert re.match(rb"rank 1 on algo-\S+ exited with code 3\n", failure), failure
     assert b"rank 1 gives up: no data" in failure, failure
-    assert b"3" in failure, failure
 
 
 # Rank 0 writes the world size where the model goes (mpi4py only: no TensorFlow start-up to wait for).

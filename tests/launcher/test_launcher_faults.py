@@ -103,10 +103,12 @@ def test_job_succeeds_with_ranks_on_both_hosts_each_seeing_its_own_host(launch: 
     leader_log = log_of(processes, "algo-1")
     assert "[0,algo-1]<stdout>: rank 0 running on algo-1\n" in leader_log
     assert "[1,algo-2]<stdout>: rank 1 running on algo-2\n" in leader_log
-    # the worker ends with the job: well within a second or two of the leader
+    # The worker ends with the job: its exit 0 can only come from the leader's verdict over the link (a lost
+    # link or a silent leader is a failure), and it does not linger after it (the toolkit's worker sleeps 30
+    # s; the bound only catches such a wait, a loaded machine stays far below it).
     assert processes["algo-2"].ended is not None
     assert processes["algo-1"].ended is not None
-    assert processes["algo-2"].ended - processes["algo-1"].ended < 3.0
+    assert processes["algo-2"].ended - processes["algo-1"].ended < 15.0
     assert all(process.result().left_running == () for process in processes.values())
 
 
