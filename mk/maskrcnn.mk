@@ -22,3 +22,11 @@ bench-maskrcnn: setup ## CPU s/step (tiny, coco) and an overfit run to bbox AP >
 MASKRCNN_INPUT_ARGS ?=
 bench-maskrcnn-input: setup ## input pipeline alone (decode, resize, flip, masks, anchor targets) on real JPEGs: images/s per core, cores for 8 GPUs (~1 min)
 	$(PY) benchmarks/maskrcnn_input.py $(MASKRCNN_INPUT_ARGS)
+
+# Inputs for trying a Mask R-CNN job locally in minutes (docs/tensorpack-example.md, docs/maskrcnn.md).
+.PHONY: maskrcnn-tryout-inputs
+TRYOUT_DIR ?= build/maskrcnn-tryout
+maskrcnn-tryout-inputs: setup ## a tiny COCO 2017 layout + a stand-in of tensorpack's COCO model in build/maskrcnn-tryout (~5 s)
+	rm -rf $(TRYOUT_DIR)/coco
+	$(PY) examples/maskrcnn/make_coco2017.py --out $(TRYOUT_DIR)/coco
+	$(PY) examples/maskrcnn/make_standin_weights.py --out $(TRYOUT_DIR)/pretrained/standin-COCO-R50FPN-MaskRCNN-Standard.npz
