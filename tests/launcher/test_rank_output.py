@@ -15,6 +15,8 @@ import random
 import pytest
 
 from smhvd import wire
+from smhvd.config.launcher_options import split_mpi_options
+from smhvd.errors import ConfigError
 from smhvd.mpi.output import Records, StderrFilter
 from smhvd.proc.lines import PROGRESS_EVERY, Lines, tag, visible
 from smhvd.report.failure import RankFailure, compose
@@ -217,3 +219,21 @@ def test_start_and_failure_reports_are_json_lines():
     assert RankStart.from_json(b"garbage") is None
     assert RankFailure.from_json(b"{not json") is None
     assert json.loads(RankFailure(rank=None, host=None, exit_code=3).to_json())["exit_code"] == 3
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        "--xml",
+        "-timestamp-output",
+        "--merge-stderr-to-stdout",
+        "--mca orte_xml_output 1",
+        "--output-filename=/x",
+    ],
+)
+def test_mpirun_options_that_change_how_it_writes_rank_output_are_refused_in_one_line(options):
+    with pytest.raises(
+        ConfigError, match=r"sagemaker_mpi_custom_mpi_options: expected no option that changes how"
+    ):
+        split_mpi_options(f"-x A=1 {options}")
+    assert split_mpi_options("--tag-output -x A=1") == ("--tag-output", "-x", "A=1")

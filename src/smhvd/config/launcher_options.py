@@ -312,7 +312,38 @@ def split_mpi_options(text: object, key: str = "sagemaker_mpi_custom_mpi_options
         tokens = shlex.split(text)
     except ValueError as exc:
         raise ConfigError(SOURCE, key, f"options quoted as in a shell ({exc})", text) from None
+    _refuse_output_options(tokens, key)
     return _toolkit_nccl_debug(tokens, key)
+
+
+# mpirun options (and their MCA parameters) that change how mpirun writes the ranks' output, which the
+# launcher reads by Open MPI's --tag-output tags (mpi/output.py; docs/output.md).
+OUTPUT_OPTIONS = frozenset(
+    {
+        "xml",
+        "timestamp-output",
+        "merge-stderr-to-stdout",
+        "output-filename",
+        "orte_xml_output",
+        "orte_timestamp_output",
+        "orte_output_filename",
+        "iof_base_redirect_app_stderr_to_stdout",
+    }
+)
+
+
+def _refuse_output_options(tokens: list[str], key: str) -> None:
+    for i, token in enumerate(tokens):
+        mca = i > 0 and tokens[i - 1] in ("--mca", "-mca", "--gmca", "-gmca")
+        name = token if mca else token.lstrip("-").split("=", 1)[0] if token.startswith("-") else ""
+        if name in OUTPUT_OPTIONS:
+            raise ConfigError(
+                SOURCE,
+                key,
+                "no option that changes how mpirun writes the ranks' output (the launcher reads it; "
+                "launcher_tag_output=false gives untagged lines)",
+                token,
+            )
 
 
 TOOLKIT_NCCL_DEBUG = "--NCCL_DEBUG"  # the sagemaker-training toolkit's own option, not mpirun's
