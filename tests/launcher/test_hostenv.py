@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from smhvd.errors import HostEnvError
 from smhvd.proc import processes
 from smhvd.roles import hostenv
 from smhvd_dev.mltree import write_ml_tree
+from tests.conftest import TRAIN
 
 
 def test_merge_host_env_below_the_leaders_forwarded_values_and_own_host_values_on_top():
@@ -72,9 +74,13 @@ with hostenv.serving(hostenv.directory(int(sys.argv[1])), {"SM_CURRENT_HOST": "a
 
 
 @pytest.fixture
-def server(port):
-    """A `train` stand-in in its own process (a rank checks the server's pid), serving this port."""
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], stdout=subprocess.PIPE, text=True)
+def server(port, tmp_path):
+    """A `train` stand-in in its own process (a rank checks the server's pid; a train keeps its place only
+    while a process of that name runs), serving this port."""
+    (tmp_path / "train").write_text(SERVER)
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "train"), str(port)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "serving"
     yield proc
     proc.kill()
@@ -219,6 +225,60 @@ def test_a_live_train_keeps_its_place_and_a_stale_one_is_taken_over(port, server
         assert hostenv.fetch(hostenv.directory(port))["A"] == "3"
 
 
+def test_a_place_whose_pid_is_now_another_kind_of_process_is_taken_over(port):
+    path = hostenv.directory(port)
+    path.mkdir(mode=0o700)
+    with subprocess.Popen(["sleep", "60"]) as other:  # alive, but not a train
+        (path / hostenv.PID_FILE).write_text(str(other.pid))
+        with hostenv.serving(path, {"A": "4"}):
+            assert hostenv.fetch(path)["A"] == "4"
+        other.kill()
+
+
+def test_a_trains_pid_written_before_that_process_started_is_stale(port, server):
+    path = hostenv.directory(port)
+    hour_ago = time.time() - 3600
+    os.utime(path / hostenv.PID_FILE, (hour_ago, hour_ago))  # the pid was written before this train started
+    with hostenv.serving(path, {"A": "5"}):
+        assert hostenv.fetch(path)["A"] == "5"
+
+
+def test_leaders_directories_left_by_killed_trains_are_reclaimed_and_no_other(server):
+    dead = subprocess.run(["true"], check=True)  # a pid that is gone
+    del dead
+    made = {}
+    for name, pid, age in (("gone", 999_999_999, 0.0), ("live", server.pid, 0.0), ("fresh", None, 0.0),
+                           ("old", None, 3600.0)):  # fmt: skip
+        path = hostenv.leader_directory()
+        path.mkdir(mode=0o700)
+        if pid is not None:
+            (path / hostenv.PID_FILE).write_text(str(pid))
+        (path / hostenv.SOCKET).touch()
+        when = time.time() - age
+        os.utime(path, (when, when))
+        made[name] = path
+    removed = hostenv.reclaim_leaders_leftovers()
+    try:
+        assert {p for p in removed if p in made.values()} == {made["gone"], made["old"]}
+        assert made["live"].is_dir() and made["fresh"].is_dir()
+        assert not made["gone"].exists() and not made["old"].exists()
+    finally:
+        for path in made.values():
+            subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def test_entries_of_the_wrong_kind_are_one_line_naming_them(tmp_path):
+    path = tmp_path / "place"
+    path.mkdir(mode=0o700)
+    (path / hostenv.SOCKET).mkdir()  # a directory where the socket goes
+    wrong = pytest.raises(HostEnvError, match=rf"cannot serve this host's environment: .*/{hostenv.SOCKET}: ")
+    with wrong, hostenv.serving(path, {"A": "1"}):
+        pass
+    missing = pytest.raises(HostEnvError, match=r"cannot create .*/missing/place: No such file or directory")
+    with missing, hostenv.serving(tmp_path / "missing" / "place", {"A": "1"}):
+        pass
+
+
 def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
     """SIGSTOP stands in for a loaded host: the queue fills, every fetch retries within its deadline."""
     os.kill(server.pid, signal.SIGSTOP)
@@ -241,8 +301,8 @@ def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
 
 
 def test_a_rank_on_the_leaders_host_asks_the_leaders_directory_elsewhere_its_workers(port, tmp_path):
-    with hostenv.serving(hostenv.leader_directory(), {"SM_CURRENT_HOST": "algo-1"}):
-        leaders = next(hostenv.directory(0).parent.glob(f"smhvd-hostenv-{os.geteuid()}-job-*"))
+    leaders = hostenv.leader_directory()
+    with hostenv.serving(leaders, {"SM_CURRENT_HOST": "algo-1"}):
         assert hostenv.rank_directory({hostenv.SERVED: str(leaders)}, port) == leaders
         assert hostenv.fetch(leaders)["SM_CURRENT_HOST"] == "algo-1"
     gone = {hostenv.SERVED: str(leaders)}  # on a worker's host the leader's directory does not exist
@@ -324,3 +384,30 @@ def test_without_a_route_the_job_is_unchanged_for_validation_to_report(tmp_path)
     job = _job(tmp_path, "ethwe")
     assert with_usable_interface(job, {"lo", "eth0"}, lambda host: None, wait=0.05) is job
     assert with_usable_interface(job, {"lo", "eth0"}, lambda host: "docker0", wait=0.05) is job
+
+
+READ_ONLY_RUN = (
+    'mount --make-rprivate / && mount --bind /run /run && mount -o remount,bind,ro /run && exec "$@"'
+)
+
+
+@pytest.mark.integration
+def test_train_with_a_read_only_run_exits_73_in_one_line_naming_the_directory(train_job):
+    """/run read-only (in a mount namespace of the test's own): the leader cannot make its directory."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root (mount namespace)") if os.environ.get("CI") else pytest.skip("needs root")
+    job = train_job("print('never runs')", {"sagemaker_mpi_num_of_processes_per_host": 2})
+    result = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", READ_ONLY_RUN, "sh", str(TRAIN)],
+        env={**os.environ, "SAGEMAKER_BASE_DIR": str(job.paths.base)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 73, result.stderr[-2000:]
+    assert "never runs" not in result.stdout and "Traceback" not in result.stderr
+    error = [line for line in result.stderr.splitlines() if "cannot create" in line]
+    assert len(error) == 1 and re.search(
+        r"cannot create /run/smhvd-hostenv-0-job-\w+: Read-only file system", error[0]
+    )

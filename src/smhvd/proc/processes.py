@@ -114,6 +114,20 @@ def ancestors(pid: int | None = None) -> frozenset[int]:
     return frozenset(found)
 
 
+def process_start_time(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """When `pid` started (time.time(), to the second); None when it is gone or cannot be read."""
+    fields = _stat_fields(proc / str(pid) / "stat")
+    try:
+        boot = next(
+            float(line.split()[1])
+            for line in (proc / "stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+
+
 def is_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     fields = _stat_fields(Path(f"/proc/{pid}/stat"))

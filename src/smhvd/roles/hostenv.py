@@ -43,7 +43,7 @@ from pathlib import Path
 
 from smhvd.environment import HOST_KEYS
 from smhvd.errors import HostEnvError
-from smhvd.proc.processes import is_alive
+from smhvd.proc.processes import cmdline, is_alive, process_start_time
 from smhvd.proc.waiting import NotYet, wait_until
 from smhvd.wire import SERVED
 
@@ -68,6 +68,44 @@ def directory(name: str | int, uid: int | None = None) -> Path:
 
 def leader_directory() -> Path:
     return directory(f"job-{secrets.token_hex(8)}")
+
+
+UNCLAIMED_AGE = 60.0  # a leader's directory with no pid in it this long after it was made is nobody's
+
+
+def reclaim_leaders_leftovers(uid: int | None = None, now: float | None = None) -> list[Path]:
+    """Remove the job directories of this user's leaders whose `train` is gone (killed by SIGKILL, it could
+    not remove its own): only what this module writes there, then the directory if that left it empty.
+    Best effort: what cannot be read or removed stays. Returns the directories removed."""
+    uid = os.geteuid() if uid is None else uid
+    now = time.time() if now is None else now
+    pattern = directory("job-", uid)
+    removed = []
+    for path in sorted(pattern.parent.glob(pattern.name + "*")):
+        with contextlib.suppress(OSError, ValueError):
+            if private_dir_problem(path, uid):
+                continue
+            pid = read_pid(path / PID_FILE)
+            if pid is None and now - os.lstat(path).st_mtime < UNCLAIMED_AGE:
+                continue  # a train that has just made it and not yet written its pid
+            if pid is not None and is_train(pid, os.lstat(path / PID_FILE).st_mtime):
+                continue
+            _remove_own(path)
+            path.rmdir()
+            removed.append(path)
+    return removed
+
+
+def is_train(pid: int, since: float) -> bool:
+    """Whether `pid` is a live `train` that was running at `since` (time.time(), when its pid was written):
+    a pid of a gone train reused by another process, or by a process started later, is not."""
+    if not is_alive(pid):
+        return False
+    words = cmdline(pid)[:3]
+    if not any(w == "train" or w.endswith("/train") or w.startswith("smhvd") for w in words):
+        return False
+    started = process_start_time(pid)
+    return started is None or started <= since + 1.0  # the boot time is known to the second only
 
 
 def rank_directory(env: Mapping[str, str], port: int) -> Path:
@@ -135,6 +173,10 @@ def _claim(path: Path) -> None:
         path.mkdir(mode=0o700)
     except FileExistsError:
         pass
+    except OSError as exc:  # a read-only /run, no such parent, no permission
+        raise HostEnvError(
+            f"cannot serve this host's environment: cannot create {path}: {exc.strerror}"
+        ) from None
     else:
         return
     problem = private_dir_problem(path, uid)
@@ -142,9 +184,10 @@ def _claim(path: Path) -> None:
         raise HostEnvError(f"cannot serve this host's environment to its ranks: {problem}")
     try:
         pid = read_pid(path / PID_FILE)
-    except ValueError:
+        written = os.lstat(path / PID_FILE).st_mtime if pid is not None else 0.0
+    except (ValueError, OSError):
         pid = None  # not written by a train: nobody's
-    if pid is not None and pid != os.getpid() and is_alive(pid):
+    if pid is not None and pid != os.getpid() and is_train(pid, written):
         raise HostEnvError(f"cannot serve this host's environment: {path} is in use by pid {pid}"[:300])
     _remove_own(path)
 
@@ -164,12 +207,21 @@ def serving(path: Path, env: Mapping[str, str]) -> Iterator[None]:
     wake_r, wake_w = socket.socketpair()
     thread = None
     try:
-        server.bind(str(path / SOCKET))
-        server.listen(BACKLOG)
-        server.setblocking(False)
+        try:  # an entry of another kind in the way (a directory named env.sock), ...
+            server.bind(str(path / SOCKET))
+            server.listen(BACKLOG)
+            server.setblocking(False)
+        except OSError as exc:
+            raise HostEnvError(
+                f"cannot serve this host's environment: {path / SOCKET}: {exc.strerror}"
+            ) from None
         pid_tmp = path / f"{PID_FILE}.tmp"
-        pid_tmp.write_text(str(os.getpid()))
-        pid_tmp.replace(path / PID_FILE)  # written whole: a rank never reads half a pid
+        try:
+            pid_tmp.write_text(str(os.getpid()))
+            pid_tmp.replace(path / PID_FILE)  # written whole: a rank never reads half a pid
+        except OSError as exc:
+            where = exc.filename2 or exc.filename or path
+            raise HostEnvError(f"cannot serve this host's environment: {where}: {exc.strerror}") from None
         thread = threading.Thread(
             target=_answer_all, args=(server, payload, wake_r), name="smhvd-hostenv", daemon=True
         )

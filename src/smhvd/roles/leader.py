@@ -106,6 +106,7 @@ def run_leader(
     """Run the job from the leader; `started_at` (time.time() when `train` started) dates the summary."""
     started_at = time.time() if started_at is None else started_at
     host_env = dict(env)  # this host's ranks' own environment, served to them (roles/hostenv.py)
+    hostenv.reclaim_leaders_leftovers()  # what trains killed by SIGKILL left behind
     served_from = hostenv.leader_directory()
     command, env = mpirun_rank_command(program, {**env, SERVED: str(served_from)})
     plan = plan_for(job, command, env, run_dir, code_dir)
