@@ -4,11 +4,16 @@ bars that move, a job that ends with its script even when a child keeps writing,
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
 import textwrap
 import time
 
 import pytest
+
+from tests.conftest import TRAIN
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +45,8 @@ def test_a_progress_bar_shows_while_it_runs_and_its_final_state_stays(train_job)
 
 LEAVES_A_WRITER = """
     import subprocess, sys, time
-    subprocess.Popen([sys.executable, "-c", "import time\\nwhile True:\\n    print('still here', flush=True)\\n    time.sleep(0.001)"])
+    forever = "import time\\nwhile True:\\n    print('still here', flush=True)\\n    time.sleep(0.001)"
+    subprocess.Popen([sys.executable, "-c", forever])
     time.sleep(0.5)
     print("script done", flush=True)
 """
@@ -185,3 +191,34 @@ def test_untagged_output_keeps_every_byte_of_each_stream(train_job):
         assert proc.stdout.count(out) == 200
         assert proc.stderr.count(err.split(b"\n")[0] + b"\n") == 200
         assert proc.stderr.count(b'@@smhvd-rank-failure@@ {"rank": 9}\n') == 400
+
+
+IGNORES_SIGTERM = """
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("ready", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_a_second_sigterm_ends_ranks_that_ignore_the_first(train_job):
+    job = train_job(IGNORES_SIGTERM, TWO)
+    proc = subprocess.Popen(
+        [str(TRAIN)],
+        env={**os.environ, "SAGEMAKER_BASE_DIR": str(job.paths.base)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    ready = [proc.stdout.readline() for _ in range(2)]
+    assert all("ready" in line for line in ready), ready
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    assert proc.poll() is None  # the ranks are given time to save their work
+    proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - started < 30, err[-2000:]
+    assert proc.returncode == 143, err[-2000:]
+    assert "stopped again by SIGTERM" in err

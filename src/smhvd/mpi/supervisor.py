@@ -35,6 +35,9 @@ KILL_GRACE = 3.0
 # On a stop, the dump may hold up the loop (and the heartbeats to workers, which give up after 10 s of
 # silence) this long before the ranks are stopped.
 STOP_DUMP_WAIT = 8.0  # ... and SIGKILL (with whatever it left on this host) this long after that
+# After a stop (SageMaker's SIGTERM), ranks that have not ended this long after it are killed, before
+# SageMaker's own SIGKILL at 120 s, so the launcher still reports; a second stop signal kills at once.
+STOP_KILL_AFTER = 100.0
 
 
 @dataclass
@@ -86,8 +89,6 @@ def supervise(
         # killing its job) reaches the launcher alone, which stops the ranks in order (stack dumps first).
         start_new_session=True,
     )
-    keep_pids = {proc.pid, *keep}
-    stopped = False
     assert proc.stderr is not None
     stderr_fd = proc.stderr.fileno()
     own = watch is None
@@ -98,6 +99,7 @@ def supervise(
         timers.every("heartbeat", tick_interval, tick)
     dumps.start(timers)
     hung = HungAbort(lambda: proc.poll() is None, proc.terminate, lambda: _kill(proc), timers)
+    stop = Stop(proc, {proc.pid, *keep}, dumps, on_stop, timers)
     try:
         with selectors.DefaultSelector() as sel:
             sel.register(stderr_fd, selectors.EVENT_READ)
@@ -122,7 +124,7 @@ def supervise(
                         open_stream = False
                         break
                     else:
-                        stopped = _on_signals(watch, stopped, keep_pids, dumps, on_stop)
+                        stop.signals(watch)
                 if open_stream:
                     timers.fire_due()
         _show(output, output.flush())
@@ -134,28 +136,59 @@ def supervise(
         if own:
             watch.__exit__(None, None, None)
     if hung.ended:
-        return Outcome(exit_code=EX_MPI_ABORT, output=output, stopped=stopped, ended_hung_abort=True)
-    return Outcome(exit_code=exit_status(code), output=output, stopped=stopped)
+        return Outcome(exit_code=EX_MPI_ABORT, output=output, stopped=stop.requested, ended_hung_abort=True)
+    return Outcome(exit_code=exit_status(code), output=output, stopped=stop.requested)
 
 
-def _on_signals(
-    watch: SignalWatch, stopped: bool, keep_pids: set[int], dumps: Dumps, on_stop: Callable[[], object]
-) -> bool:
-    """A stop request goes to the local ranks (once, after a stack dump); SIGUSR1 takes a stack dump.
-    Whether a stop was requested."""
-    got = watch.receive(keep_pids)
-    if got.dump:
-        dumps.dump("SIGUSR1")
-    if got.stop is not None and not stopped:
+class Stop:
+    """Stop requests while the command runs: the first goes to the local ranks (after a stack dump), and the
+    workers hear of it (`on_stop`); ranks that have not ended STOP_KILL_AFTER later are killed with mpirun,
+    and a second stop signal kills them at once. SIGUSR1 takes a stack dump."""
 
-        def dump_and_settle(why: str) -> None:
-            dumps.dump(why)
-            dumps.settle(STOP_DUMP_WAIT)  # the ranks' stacks before they are stopped
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        keep_pids: set[int],
+        dumps: Dumps,
+        on_stop: Callable[[], object],
+        timers: Timers,
+    ) -> None:
+        self.proc, self.keep_pids, self.dumps, self.on_stop, self.timers = (
+            proc,
+            keep_pids,
+            dumps,
+            on_stop,
+            timers,
+        )
+        self.requested = False
 
-        stop_local_ranks(f"stopped by {signal.Signals(got.stop).name}", dump_and_settle)
-        on_stop()
-        return True
-    return stopped
+    def signals(self, watch: SignalWatch) -> None:
+        got = watch.receive(self.keep_pids)
+        if got.dump:
+            self.dumps.dump("SIGUSR1")
+        if got.stop is None:
+            return
+        name = signal.Signals(got.stop).name
+        if self.requested:
+            log.warning("stopped again by %s: killing mpirun and this host's ranks now", name)
+            _kill(self.proc)
+            return
+        self.requested = True
+        stop_local_ranks(f"stopped by {name}", self._dump_and_settle)
+        self.on_stop()
+        self.timers.after("stop-kill", STOP_KILL_AFTER, self._late)
+
+    def _dump_and_settle(self, why: str) -> None:
+        self.dumps.dump(why)
+        self.dumps.settle(STOP_DUMP_WAIT)  # the ranks' stacks before they are stopped
+
+    def _late(self) -> None:
+        if self.proc.poll() is None:
+            log.warning(
+                "ranks still running %gs after the stop: killing mpirun and this host's ranks",
+                STOP_KILL_AFTER,
+            )
+            _kill(self.proc)
 
 
 def _show(output: StderrFilter, shown: bytes) -> None:
