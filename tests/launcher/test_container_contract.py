@@ -162,9 +162,10 @@ def test_ranks_that_cannot_reach_each_other_end_the_job_within_seconds(launch: L
     )
     codes = {host: process.wait(180) for host, process in processes.items()}
     elapsed = time.monotonic() - started
-    # The ranks' MPI calls fail (smhvd.runscript ends them: exit 1), or mpirun hangs after its notice and the
-    # launcher ends it (76): either way the job ends within seconds, with Open MPI's reason first.
-    assert codes in ({"algo-1": 1, "algo-2": 1}, {"algo-1": 76, "algo-2": 76}), log_of(processes, "algo-1")
+    # The ranks' MPI calls fail and smhvd.runscript ends them (exit 1, in every run seen): the job ends within
+    # seconds, with Open MPI's reason first. (Had mpirun hung after its notice, the launcher would end it with
+    # 76: that path is made to happen in test_documented_exits.py.)
+    assert codes == {"algo-1": 1, "algo-2": 1}, log_of(processes, "algo-1")
     assert elapsed < 45  # abort notice + 5 s grace + SIGTERM, on a loaded machine; before: until max_run
     for host in HOSTS:
         failure = (cluster.ml_dir(host) / "output" / "failure").read_text()
