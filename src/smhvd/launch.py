@@ -20,6 +20,7 @@ from smhvd.mpi.supervisor import supervise
 from smhvd.proc.processes import become_subreaper, kill_descendants
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.stopping import StopRequested
+from smhvd.roles import hostenv
 from smhvd.roles.leader import conclude, rank_command, run_leader
 from smhvd.roles.worker import run_worker
 from smhvd.sourcecode import (
@@ -102,6 +103,7 @@ def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
         argv, env = sdk_v3.hand_back_command(os.environ)
         os.execve(argv[0], argv, env)  # noqa: S606 (v3's own command)
     job = load_job(paths, v3=v3)  # from here on, one job whichever SDK wrote the files
+    hostenv.fetch_timeout(os.environ)  # the ranks' wait for their environment: a bad value is 78 here
     if log_level_from_job and job.options.program.log_level is not None:
         # The SDK's container_log_level (logging.DEBUG=10, ...), unless SMHVD_LOG_LEVEL says otherwise.
         log.setLevel(job.options.program.log_level)

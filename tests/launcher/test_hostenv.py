@@ -18,7 +18,7 @@ from smhvd.config.hardware import parse_route_device
 from smhvd.config.job import Hardware, Job, with_usable_interface
 from smhvd.config.launcher_options import parse_launcher_options
 from smhvd.config.sagemaker_files import parse_resource_config, read_json
-from smhvd.errors import HostEnvError
+from smhvd.errors import ConfigError, HostEnvError
 from smhvd.proc import processes
 from smhvd.roles import hostenv
 from smhvd_dev.mltree import write_ml_tree
@@ -64,7 +64,7 @@ def port():
 
 SERVER = """
 import sys, time
-from smhvd.errors import HostEnvError
+from smhvd.errors import ConfigError, HostEnvError
 from smhvd.report.failure import RankFailure
 from smhvd.roles import hostenv
 with hostenv.serving(hostenv.directory(int(sys.argv[1])), {"SM_CURRENT_HOST": "algo-2", "A": "1"}):
@@ -411,3 +411,11 @@ def test_train_with_a_read_only_run_exits_73_in_one_line_naming_the_directory(tr
     assert len(error) == 1 and re.search(
         r"cannot create /run/smhvd-hostenv-0-job-\w+: Read-only file system", error[0]
     )
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "-1", "nan", "inf", "1e9", ""])
+def test_a_bad_hostenv_timeout_is_a_configuration_error_not_a_silent_default(raw):
+    with pytest.raises(ConfigError, match=r"environment: SMHVD_HOSTENV_TIMEOUT: expected seconds"):
+        hostenv.fetch_timeout({"SMHVD_HOSTENV_TIMEOUT": raw})
+    assert hostenv.fetch_timeout({"SMHVD_HOSTENV_TIMEOUT": "2.5"}) == 2.5
+    assert hostenv.fetch_timeout({}) == hostenv.FETCH_TIMEOUT

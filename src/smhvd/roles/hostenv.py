@@ -42,12 +42,14 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 from smhvd.environment import HOST_KEYS
-from smhvd.errors import HostEnvError
+from smhvd.errors import ConfigError, HostEnvError
 from smhvd.proc.processes import cmdline, is_alive, process_start_time
 from smhvd.proc.waiting import NotYet, wait_until
 from smhvd.wire import SERVED
 
 FETCH_TIMEOUT = 60.0
+TIMEOUT_VARIABLE = "SMHVD_HOSTENV_TIMEOUT"
+MAX_FETCH_TIMEOUT = 86400.0
 BACKLOG = 4096  # every rank of a large host may ask at the same moment (the kernel caps it at somaxconn)
 _MAX_BYTES = 64 * 1024 * 1024
 SEND_TIMEOUT = 10.0  # a client that takes nothing of its answer for this long is dropped
@@ -403,6 +405,23 @@ def fetch_once(path: Path, timeout: float, ancestors: Collection[int] | None = N
     return env
 
 
+def fetch_timeout(env: Mapping[str, str]) -> float:
+    """SMHVD_HOSTENV_TIMEOUT (seconds a rank waits for its host's environment), else FETCH_TIMEOUT; `train`
+    checks it at start (ConfigError: exit 78), so that no rank falls back on another value silently."""
+    raw = env.get(TIMEOUT_VARIABLE)
+    if raw is None:
+        return FETCH_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_FETCH_TIMEOUT:
+        raise ConfigError(
+            "environment", TIMEOUT_VARIABLE, f"seconds, a number in (0, {MAX_FETCH_TIMEOUT:g}]", raw
+        )
+    return value
+
+
 def fetch(
     path: Path, timeout: float | None = None, ancestors: Collection[int] | None = None
 ) -> dict[str, str]:
@@ -410,8 +429,7 @@ def fetch(
     SMHVD_HOSTENV_TIMEOUT, else FETCH_TIMEOUT seconds); HostEnvError if it cannot be had. A rank passes its
     `ancestors`: only the train that started it may answer."""
     if timeout is None:
-        raw = os.environ.get("SMHVD_HOSTENV_TIMEOUT", "")
-        timeout = float(raw) if raw.replace(".", "", 1).isdigit() else FETCH_TIMEOUT
+        timeout = fetch_timeout(os.environ)
     return wait_until(
         lambda: fetch_once(path, min(timeout, 5.0), ancestors),
         what=f"this host's environment from its train ({path / SOCKET})",
