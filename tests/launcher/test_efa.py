@@ -44,19 +44,27 @@ def test_no_efa_adds_nothing():
     assert efa_env(EfaProbe(False, False, "x"), {}) == {}
 
 
+# Open MPI's libfabric path (Debian's Open MPI turns its ofi MTL off): tests/launcher/test_efa_mpi.py
+OPEN_MPI_OFI = {"OMPI_MCA_pml": "cm", "OMPI_MCA_mtl": "ofi"}
+
+
 def test_efa_sets_the_provider_fork_safety_and_rdma_only_when_the_device_does_rdma_read():
     assert efa_env(EfaProbe(True, True, "x"), {}) == {
         "FI_PROVIDER": "efa",
         "FI_EFA_FORK_SAFE": "1",
         "FI_EFA_USE_DEVICE_RDMA": "1",
+        **OPEN_MPI_OFI,
     }
-    assert efa_env(EfaProbe(True, False, "x"), {}) == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"}
+    assert efa_env(EfaProbe(True, False, "x"), {}) == {
+        "FI_PROVIDER": "efa",
+        "FI_EFA_FORK_SAFE": "1",
+        **OPEN_MPI_OFI,
+    }
 
 
 def test_user_values_win():
-    assert efa_env(EfaProbe(True, True, "x"), {"FI_PROVIDER": "tcp", "FI_EFA_USE_DEVICE_RDMA": "0"}) == {
-        "FI_EFA_FORK_SAFE": "1"
-    }
+    user = {"FI_PROVIDER": "tcp", "FI_EFA_USE_DEVICE_RDMA": "0", "OMPI_MCA_pml": "ob1"}
+    assert efa_env(EfaProbe(True, True, "x"), user) == {"FI_EFA_FORK_SAFE": "1", "OMPI_MCA_mtl": "ofi"}
 
 
 def test_warn_only_where_the_instance_type_is_known_to_have_efa():

@@ -7,7 +7,14 @@ is, the ranks get (a value already in the environment always wins):
   instead of falling back to the TCP/sockets providers, which look like a working but slow job;
 - FI_EFA_USE_DEVICE_RDMA=1, only when the provider reports RMA (the device does RDMA read: p4d, p5, trn1):
   one-sided transfers through the device instead of emulation;
-- FI_EFA_FORK_SAFE=1: data loaders fork; libfabric's registered memory must survive a fork in the child.
+- FI_EFA_FORK_SAFE=1: data loaders fork; libfabric's registered memory must survive a fork in the child;
+- OMPI_MCA_pml=cm and OMPI_MCA_mtl=ofi: Open MPI's point-to-point traffic through libfabric (so, with the
+  above, through EFA). Debian's Open MPI, the images', has the ofi MTL but turns it off in
+  /etc/openmpi/openmpi-mca-params.conf (`mtl = ^ofi`): without these, MPI would run over TCP on an EFA
+  instance. An environment variable outranks that file, an mpirun option outranks both; `cm` alone is
+  chosen so that a failing EFA stops the job (`PML cm cannot be selected`) instead of falling back to TCP.
+  mpirun passes them on to every rank on every host. (NCCL over EFA needs the aws-ofi-nccl plugin besides:
+  docs/images.md.)
 
 A list of instance types known to have EFA is used for one thing only: a warning when such an instance finds
 no EFA (the security group or the image's EFA software is missing, and the job would run over TCP).
@@ -85,7 +92,7 @@ def efa_env(found: EfaProbe, env: Mapping[str, str]) -> dict[str, str]:
     """The variables to add for the ranks (never one the environment already sets). Pure."""
     if not found.present:
         return {}
-    wanted = {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"}
+    wanted = {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1", "OMPI_MCA_pml": "cm", "OMPI_MCA_mtl": "ofi"}
     if found.rdma:
         wanted["FI_EFA_USE_DEVICE_RDMA"] = "1"
     return {k: v for k, v in wanted.items() if k not in env}
