@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from smhvd.cli import main
 from smhvd.proc.processes import read_process_table
+from tests.conftest import TRAIN
 
 pytestmark = pytest.mark.integration
 
@@ -233,7 +233,14 @@ def test_an_unknown_log_level_is_one_line_and_78(train_job, tmp_path):
         "environment: SMHVD_LOG_LEVEL: expected DEBUG, INFO, WARNING, ERROR or CRITICAL (any case) or a "
         "number from 0 to 50, got 'TRACE'",
     )
-    assert main(["--log-level", "trace", "--base-dir", str(job.paths.base)]) == 64
+    bad_flag = subprocess.run(
+        [str(TRAIN), "--log-level", "trace", "--base-dir", str(job.paths.base)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad_flag.returncode == 64, bad_flag.stderr
 
 
 @pytest.mark.parametrize(

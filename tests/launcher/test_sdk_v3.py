@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from smhvd.cli import main
 from smhvd.config import sdk_v3
 from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters, to_script_args
 from smhvd.config.instance_groups import Placement
@@ -26,6 +25,7 @@ from smhvd.config.sagemaker_files import parse_resource_config
 from smhvd.config.sdk_v3 import Distributed, SourceCode, V3Job
 from smhvd.environment import training_env
 from smhvd.errors import ConfigError
+from tests.conftest import TRAIN
 
 # SourceCode(source_dir="/tmp/v3gen/src", entry_script="train.py", requirements="requirements.txt")
 SOURCECODE_JSON = (
@@ -314,7 +314,10 @@ def test_train_runs_a_v3_job_without_distributed(tmp_path):
     )
     (paths.channel_dir("code") / "rec.py").write_text(RECORDER)
     (paths.channel_dir("code") / "requirements.txt").write_text("no-such-package-smhvd==0\n")  # not asked for
-    assert main(["--base-dir", str(paths.base)]) == 0
+    result = subprocess.run(
+        [str(TRAIN), "--base-dir", str(paths.base)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
     run = json.loads((paths.output_data_dir / "run.json").read_text())
     assert run["argv"] == CLI_ARGS
     assert run["user_args"] == CLI_ARGS  # SM_USER_ARGS: the arguments the script was given
@@ -327,22 +330,36 @@ def test_train_runs_a_v3_job_without_distributed(tmp_path):
     }
 
 
-def test_train_hands_a_command_job_back_to_v3s_script(tmp_path):
-    """SourceCode.command: `train` execs v3's own bash command (/opt/ml paths), without BASH_ENV."""
+# v3's own driver stands at a fixed path: the test puts one of its own there, in a mount namespace of its own.
+FAKE_V3_DRIVER = 'echo "v3 driver ran with BASH_ENV=${BASH_ENV-unset} in $PWD"; exit 7\n'
+OWN_OPT = (
+    'mount --make-rprivate / && mount -t tmpfs none /opt && mkdir -p "$(dirname "$1")" '
+    '&& cp "$2" "$1" && shift 2 && exec "$@"'
+)
+
+
+def test_train_hands_a_command_job_back_to_v3s_script_and_its_exit_code(tmp_path):
+    """SourceCode.command: `train` execs v3's own driver (at v3's /opt/ml path), without BASH_ENV; the
+    job's exit code is the driver's."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root (mount namespace)") if os.environ.get("CI") else pytest.skip("needs root")
     source = json.dumps({"source_dir": "/somewhere/src", "command": "python a.py", "entry_script": None})
     paths = write_v3_tree(tmp_path / "ml", sourcecode=source, distributed=DISTRIBUTED_NONE_JSON)
+    driver = tmp_path / "sm_train.sh"
+    driver.write_text(FAKE_V3_DRIVER)
+    place = "/opt/ml/input/data/sm_drivers/sm_train.sh"
+    train = [sys.executable, "-m", "smhvd", "--base-dir", str(paths.base)]
     proc = subprocess.run(
-        [sys.executable, "-m", "smhvd", "--base-dir", str(paths.base)],
-        env={"PATH": "/usr/bin:/bin", "BASH_ENV": str(tmp_path / "must-not-be-read")},
+        ["unshare", "--mount", "sh", "-c", OWN_OPT, "sh", place, str(driver), *train],
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "BASH_ENV": str(tmp_path / "unread")},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert "left to v3's sm_train.sh: SourceCode.command" in proc.stderr
-    if not Path("/opt/ml/input/data/sm_drivers/sm_train.sh").exists():
-        assert "/opt/ml/input/data/sm_drivers/sm_train.sh" in proc.stderr  # bash ran v3's command
-        assert proc.returncode != 0
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    assert "v3 driver ran with BASH_ENV=unset" in proc.stdout, proc.stdout
 
 
 BASH_ENV_FILE = Path(__file__).resolve().parents[2] / "docker" / "scripts" / "sdk-v3-bash-env.sh"
