@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from smhvd.config.job import load_job
 from smhvd.config.paths import SageMakerPaths
 from smhvd_dev.mltree import write_ml_tree
@@ -33,6 +35,7 @@ def test_the_launcher_reads_back_what_the_writer_wrote(tmp_path: Path) -> None:
     assert paths.channel_dir("test").is_dir()
 
 
+@pytest.mark.integration  # runs the command
 def test_command_line_writes_the_tree_local_train_mounts_over(tmp_path: Path) -> None:
     hps = tmp_path / "hps.json"
     hps.write_text(json.dumps({"epochs": 3, "sagemaker_program": "x.py"}))
@@ -54,6 +57,7 @@ def test_command_line_writes_the_tree_local_train_mounts_over(tmp_path: Path) ->
     assert (root / "code").is_dir()
 
 
+@pytest.mark.integration  # runs the command
 def test_command_line_refuses_bad_json_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
     hps = tmp_path / "hps.json"
     hps.write_text("{epochs: 3")

@@ -27,6 +27,7 @@ def test_the_user_pages_name_scripts():
     assert {"bin/build.sh", "bin/push.sh", "bin/sdk-venv.sh", "bin/sdk-v3-venv.sh"} <= set(names), names
 
 
+@pytest.mark.integration  # asks git for the committed mode
 @pytest.mark.parametrize("name", readme_scripts())
 def test_a_script_the_readme_runs_is_executable_on_disk_and_in_git(name):
     path = REPO / name

@@ -1,6 +1,11 @@
 """Reading py-spy dumps: where each rank is, and the one-line summary of a whole job."""
 
 import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
 
 from smhvd.mpi.output import StderrFilter
 from smhvd.report import stacks
@@ -71,8 +76,13 @@ def test_dump_file_names_stay_within_255_bytes_for_any_valid_host_name():
     assert stacks.dump_file_name("algo-2", None) == "algo-2-rankunknown.txt"
 
 
+@pytest.mark.integration
 def test_a_dump_that_cannot_be_written_says_so_instead_of_failing(tmp_path):
+    """The real py-spy (the image's, and the venv's) dumps this very process, sampled while it waits for
+    py-spy: where it was (a Python frame) is kept though the file cannot be."""
     blocked = tmp_path / "output"
     blocked.write_text("a file where the stacks directory would go")
-    dump = stacks.dump_one(stacks.RankProcess(0, os.getpid()), "algo-1", blocked, "/bin/true")
+    py_spy = str(Path(sys.executable).parent / "py-spy")
+    dump = stacks.dump_one(stacks.RankProcess(0, os.getpid()), "algo-1", blocked, py_spy)
     assert dump.file.startswith("(not written: ")
+    assert re.fullmatch(r"\S+ \(\S+\.py:\d+\)", dump.where), dump

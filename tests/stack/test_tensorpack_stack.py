@@ -29,6 +29,7 @@ def patch_module() -> ModuleType:
     return module
 
 
+@pytest.mark.integration  # runs the patch script
 def test_the_installed_tensorpack_carries_every_edit() -> None:
     argv = [sys.executable, str(PATCH), "--check"]
     check = subprocess.run(argv, capture_output=True, text=True, check=False)

@@ -132,7 +132,7 @@ def test_channels_take_precedence_and_test_npz_may_sit_in_the_train_channel(tmp_
         mnist_data.resolve_source("cifar10", {})
 
 
-# ---- arguments (imports the script: TensorFlow and Horovod load, nothing starts) ---------------------------
+# ---- arguments (imports the script: TensorFlow and Horovod load, about 10 s: integration tier) -------------
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +142,7 @@ def train_mnist() -> ModuleType:
     return train_mnist
 
 
+@pytest.mark.integration
 def test_defaults_follow_the_sagemaker_environment(train_mnist: ModuleType) -> None:
     env = {"SAGEMAKER_BASE_DIR": "/job", "SM_MODEL_DIR": "/job/model", "SM_OUTPUT_DATA_DIR": "/job/out"}
     args = train_mnist.parse_args([], env)
@@ -159,6 +160,7 @@ def test_defaults_follow_the_sagemaker_environment(train_mnist: ModuleType) -> N
     assert train_mnist.parse_args([], {"SM_CHECKPOINT_DIR": "/ckpt"}).checkpoint_dir == Path("/ckpt")
 
 
+@pytest.mark.integration
 def test_the_tensorflow_estimators_model_dir_means_the_local_model_dir(train_mnist: ModuleType) -> None:
     env = {"SM_MODEL_DIR": "/opt/ml/model"}
     for sdk_value in ("s3://bucket/job/model", "/opt/ml/shared/model"):  # SageMaker; SDK local mode
@@ -166,6 +168,7 @@ def test_the_tensorflow_estimators_model_dir_means_the_local_model_dir(train_mni
     assert train_mnist.parse_args(["--model-dir", "/elsewhere"], env).model_dir == Path("/elsewhere")
 
 
+@pytest.mark.integration
 def test_hyperparameters_in_either_spelling(train_mnist: ModuleType) -> None:
     args = train_mnist.parse_args(
         ["--batch_size", "32", "--learning-rate", "0.01", "--steps_per_epoch", "5"], {}
@@ -181,6 +184,7 @@ def test_hyperparameters_in_either_spelling(train_mnist: ModuleType) -> None:
         (["--dataset", "cifar10"], "argument --dataset: invalid choice: 'cifar10'"),
     ],
 )
+@pytest.mark.integration
 def test_bad_arguments_exit_2_with_a_clear_message(
     train_mnist: ModuleType,
     argv: list[str],
