@@ -37,6 +37,9 @@ def test_figures_are_the_training_steps_rates_and_the_whole_epochs_seconds(
 
 def test_code_dir_holds_the_example_and_the_wrapper(tmp_path: Path) -> None:
     code = mnist_measure.code_dir(tmp_path / "code")
-    expected = {path.name for path in SCRIPT_DIR.glob("*.py")} | {mnist_measure.PROGRAM}
-    assert {path.name for path in code.iterdir()} == expected
-    assert (code / "train_mnist.py").read_bytes() == (SCRIPT_DIR / "train_mnist.py").read_bytes()
+    example = {"mnist_data.py", "train_mnist.py", "upload_mnist.py"}  # examples/mnist, written out
+    assert {path.name for path in code.iterdir()} == example | {"mnist_measure.py"}
+    for name in example:
+        assert (code / name).read_bytes() == (SCRIPT_DIR / name).read_bytes()
+    assert (code / "mnist_measure.py").read_bytes() == (REPO / "benchmarks" / "mnist_measure.py").read_bytes()
+    assert (code / mnist_measure.PROGRAM).is_file()  # the program the benchmark's jobs run is there
