@@ -39,6 +39,15 @@ from mrcnn.weights import check_readable, is_model_variable, model_init, pretrai
 tf1 = tf.compat.v1
 
 MODEL_FILE = "model.npz"
+# For a SageMaker estimator's metric_definitions (docs/maskrcnn.md): rank 0's line per epoch and the
+# COCO lines of every evaluation (while training and after it).
+METRIC_DEFINITIONS = [
+    {"Name": "train:loss", "Regex": r"epoch \d+: mean loss ([0-9.]+)"},
+    {"Name": "val:bbox_AP", "Regex": r"COCO bbox AP ([0-9.]+)"},
+    {"Name": "val:bbox_AP50", "Regex": r"COCO bbox AP [0-9.]+ AP50 ([0-9.]+)"},
+    {"Name": "val:segm_AP", "Regex": r"COCO segm AP ([0-9.]+)"},
+    {"Name": "val:segm_AP50", "Regex": r"COCO segm AP [0-9.]+ AP50 ([0-9.]+)"},
+]
 VAL_CHANNELS = ("val", "validation", "test")
 
 
@@ -383,31 +392,35 @@ def score(
         res for r in mine for res in predict_image(predictor, r.path, r.image_id, cfg, ds.category_ids)
     ]
     seconds = time.perf_counter() - t0
-    everything = [json.loads(b) for b in dist.gather_bytes(world, json.dumps(results).encode())]
+    mine_json = json.dumps({"images": len(mine), "results": results}).encode()
+    everything = [json.loads(b) for b in dist.gather_bytes(world, mine_json)]
     if not world.is_chief:
         return None
-    results = [r for part in everything for r in part]
+    results = [r for part in everything for r in part["results"]]
     metrics = coco_evaluate(ds.coco, results, [r.image_id for r in recs])
     metrics.update(
-        images=len(recs), detections=len(results), annotations=str(ds.annotation_file),
-        seconds_per_image_per_rank=seconds / max(len(mine), 1), step=step, results=results,
+        images=len(recs), images_per_rank=[part["images"] for part in everything], detections=len(results),
+        annotations=str(ds.annotation_file), seconds_per_image_per_rank=seconds / max(len(mine), 1),
+        step=step, results=results,
     )  # fmt: skip
     log_metrics(metrics)
     return metrics
 
 
 def log_metrics(metrics: dict[str, Any]) -> None:
-    """One line per kind, in the fixed format the SageMaker metric definitions of docs/maskrcnn.md read:
-    `COCO bbox AP 0.4523 AP50 0.6651 AP75 0.4012 (16 images, step 40)` (nan where COCOeval has no value)."""
+    """One line per kind, in the fixed format METRIC_DEFINITIONS reads: `COCO bbox AP 0.4523 AP50 0.6651
+    AP75 0.4012 (16 images: 8 + 8 by rank; step 40)` (nan where COCOeval has no value; no step for a model
+    file evaluated alone)."""
     from tensorpack.utils import logger
 
-    where = f", step {metrics['step']}" if metrics.get("step") is not None else ""
+    where = " + ".join(map(str, metrics["images_per_rank"])) + " by rank"
+    where += f"; step {metrics['step']}" if metrics.get("step") is not None else ""
     for kind in ("bbox", "segm"):
         values = " ".join(
             f"{key} {metrics[kind][key]:.4f}" if metrics[kind][key] is not None else f"{key} nan"
             for key in ("AP", "AP50", "AP75")
         )
-        logger.info(f"COCO {kind} {values} ({metrics['images']} images{where})")
+        logger.info(f"COCO {kind} {values} ({metrics['images']} images: {where})")
 
 
 def evaluate(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
@@ -58,3 +60,30 @@ def run_train(base: Path, timeout: float = 420) -> subprocess.CompletedProcess[s
     env["SAGEMAKER_BASE_DIR"] = str(base)
     train = Path(sys.executable).parent / "train"
     return subprocess.run([str(train)], env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def train_hyperparameters(config: str) -> dict[str, object]:
+    """The SageMaker hyperparameters of a tiny-preset job of the script at 2 processes per host."""
+    return {
+        "sagemaker_program": SCRIPT.name,
+        "sagemaker_submit_directory": str(SCRIPT_DIR),
+        "sagemaker_mpi_enabled": True,
+        "sagemaker_mpi_num_of_processes_per_host": 2,
+        "preset": "tiny",
+        "config": config,
+    }
+
+
+def cocoeval_stats(annotation_file: Path, detections: list[dict], kind: str) -> list[float | None]:
+    """pycocotools' own summary of `detections` (bbox or segm) against the annotations, -1 as None: what
+    eval.json must hold, computed without the script."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(annotation_file))
+        ev = COCOeval(gt, gt.loadRes(detections), kind)
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return [float(v) if v >= 0 else None for v in ev.stats]
