@@ -1,14 +1,19 @@
 """smhvd-stage-coco's documented exits that test_stage_coco.py does not reach, run as users run it: 74 (a
-local file could not be read)."""
+local file could not be read) and 70 (verification: the bucket does not hold what was uploaded)."""
 
 from __future__ import annotations
 
+import hashlib
+import http.client
 import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from support.s3 import stage_coco
+from support.s3 import endpoint, s3_client, stage_coco
 
 pytestmark = pytest.mark.integration
 
@@ -51,3 +56,103 @@ def test_the_small_layout_is_valid(tmp_path: Path) -> None:
     result = stage_coco(tmp_path, str(root), "s3://bucket/coco", port=None, creds=False)
     assert result.returncode == 77, result.stderr
     assert "smhvd-stage-coco: 4 files, " in result.stderr, result.stderr
+
+
+class Forwarder(BaseHTTPRequestHandler):
+    """Passes every request to the S3 server as it came, and its answer back; `server.before(method, path)`
+    runs first (what another client does at that moment)."""
+
+    protocol_version = "HTTP/1.1"
+    server: ForwardingServer
+
+    def _forward(self) -> None:
+        self.server.before(self.command, self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        upstream = http.client.HTTPConnection("127.0.0.1", self.server.target, timeout=60)
+        try:
+            upstream.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+            answer = upstream.getresponse()
+            data = answer.read()
+        finally:
+            upstream.close()
+        self.send_response_only(answer.status, answer.reason)
+        for name, value in answer.getheaders():
+            if name.lower() not in {"connection", "transfer-encoding"} and not (
+                name.lower() == "content-length" and self.command != "HEAD"
+            ):
+                self.send_header(name, value)
+        if self.command != "HEAD":
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+class ForwardingServer(ThreadingHTTPServer):
+    def __init__(self, target: int, before: Callable[[str, str], None]) -> None:
+        super().__init__(("127.0.0.1", 0), Forwarder)
+        self.target = target
+        self.before = before
+
+
+@pytest.fixture
+def forwarding(s3_port: int) -> Iterator[Callable[[Callable[[str, str], None]], int]]:
+    """start(before) -> the port of a forwarder to the S3 server that calls before(method, path) first."""
+    servers: list[ForwardingServer] = []
+
+    def start(before: Callable[[str, str], None]) -> int:
+        server = ForwardingServer(s3_port, before)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return int(server.server_address[1])
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_object_replaced_before_verification_is_70_and_one_line(
+    tmp_path: Path, s3_port: int, forwarding: Callable[[Callable[[str, str], None]], int]
+) -> None:
+    """Another writer replaces one staged image between its upload and the tool's check of it (the S3 server
+    and the tool are real; the forwarder only lets the test act at that moment): the tool must not vouch for
+    the prefix."""
+    root = tmp_path / "coco"
+    write_small_coco(root)
+    direct = s3_client(endpoint(s3_port))
+    direct.create_bucket(Bucket="replaced")
+    victim = "coco/val/000000000001.jpg"
+    other = b"another writer's bytes"
+    seen: list[str] = []
+
+    def replace_after_upload(method: str, path: str) -> None:
+        """The tool verifies by listing the prefix: the object is replaced just before the listing that
+        follows its upload."""
+        listing = method == "GET" and path.startswith("/replaced?") and "list-type=2" in path
+        if method == "PUT" and path == f"/replaced/{victim}":
+            seen.append("uploaded")
+        elif listing and seen == ["uploaded"]:
+            direct.put_object(Bucket="replaced", Key=victim, Body=other)
+            seen.append("replaced")
+
+    port = forwarding(replace_after_upload)
+    result = stage_coco(tmp_path, str(root), "s3://replaced/coco", port=port)
+    assert seen == ["uploaded", "replaced"], (seen, result.stderr)
+    assert result.returncode == 70, result.stderr
+    assert "Traceback" not in result.stderr
+    staged = (root / "val2017" / "000000000001.jpg").read_bytes()
+    expected = hashlib.md5(staged, usedforsecurity=False).hexdigest()
+    found = hashlib.md5(other, usedforsecurity=False).hexdigest()
+    assert result.stderr.splitlines()[-1] == (
+        f"smhvd-stage-coco: error: s3://replaced/{victim}: verify failed: expected {len(staged)} bytes md5 "
+        f"{expected}, found {len(other)} bytes, ETag {found}; 1 objects differ"
+    )
+    listed = direct.list_objects_v2(Bucket="replaced", Prefix="coco/")
+    assert "coco/annotations/_manifest.json" not in {o["Key"] for o in listed.get("Contents", [])}
