@@ -3,7 +3,7 @@
 The leader opens one ssh session per worker running `python -m smhvd.link PORT`. This relay connects to
 the worker's `train` over a unix socket in its private directory (named after the sshd port; trusted as a rank
 trusts its environment: the directory is this user's alone, and the other end is the `train` whose pid is
-written there and that started this relay's sshd: roles/hostenv.py), prints `ready` (the leader's proof that
+written there and that started this relay's sshd: proc/trust.py), prints `ready` (the leader's proof that
 the worker is up), then copies the leader's JSON-lines events to it:
 `{"event": "start"}` before mpirun starts, `{"event": "alive"}` every HEARTBEAT_INTERVAL while it runs,
 `{"event": "end", "exit_code": N, "reason": "..."}` when it ended. If the leader dies, its end of the ssh
@@ -18,9 +18,9 @@ import selectors
 import sys
 
 from smhvd.errors import EX_UNAVAILABLE, HostEnvError
+from smhvd.proc import trust
 from smhvd.proc.processes import ancestors
 from smhvd.proc.waiting import NotYet
-from smhvd.roles import hostenv
 from smhvd.wire import READY
 
 CONNECT_TIMEOUT = 5.0  # one attempt: the leader tries again
@@ -29,8 +29,8 @@ CONNECT_TIMEOUT = 5.0  # one attempt: the leader tries again
 def relay(port: int) -> int:
     """Runs on the worker, started by the leader over ssh: stdin -> the worker launcher's socket."""
     try:
-        sock = hostenv.connect_trusted(
-            hostenv.directory(port), hostenv.LINK_SOCKET, CONNECT_TIMEOUT, ancestors(), "the worker's link"
+        sock = trust.connect_trusted(
+            trust.directory(port), trust.LINK_SOCKET, CONNECT_TIMEOUT, ancestors(), "the worker's link"
         )
     except (NotYet, HostEnvError) as exc:
         sys.stderr.write(f"smhvd.link: no launcher is waiting on this host ({exc})\n")

@@ -19,7 +19,7 @@ from smhvd.config.job import Hardware, Job, with_usable_interface
 from smhvd.config.launcher_options import parse_launcher_options
 from smhvd.config.sagemaker_files import parse_resource_config, read_json
 from smhvd.errors import ConfigError, HostEnvError
-from smhvd.proc import processes
+from smhvd.proc import processes, trust
 from smhvd.roles import hostenv
 from smhvd_dev.mltree import write_ml_tree
 from tests.conftest import TRAIN
@@ -57,7 +57,7 @@ def free_port() -> int:
 def port():
     port = free_port()
     yield port
-    path = hostenv.directory(port)
+    path = trust.directory(port)
     if path.exists() or path.is_symlink():
         subprocess.run(["rm", "-rf", str(path)], check=False)
 
@@ -65,9 +65,10 @@ def port():
 SERVER = """
 import sys, time
 from smhvd.errors import ConfigError, HostEnvError
+from smhvd.proc import trust
 from smhvd.report.failure import RankFailure
 from smhvd.roles import hostenv
-with hostenv.serving(hostenv.directory(int(sys.argv[1])), {"SM_CURRENT_HOST": "algo-2", "A": "1"}):
+with hostenv.serving(trust.directory(int(sys.argv[1])), {"SM_CURRENT_HOST": "algo-2", "A": "1"}):
     print("serving", flush=True)
     time.sleep(120)
 """
@@ -89,24 +90,24 @@ def server(port, tmp_path):
 
 def test_a_served_environment_reaches_this_hosts_ranks_and_is_gone_after_the_block(port):
     env = {"A": "1", "MULTI": "line\nbreak", "UNICODE": "\u00e9"}
-    with hostenv.serving(hostenv.directory(port), env):
-        path = hostenv.directory(port)
-        assert hostenv.private_dir_problem(path, os.geteuid()) is None  # 0700, ours
-        assert hostenv.fetch(hostenv.directory(port)) == env
-        assert hostenv.fetch(hostenv.directory(port)) == env  # every rank asks once
+    with hostenv.serving(trust.directory(port), env):
+        path = trust.directory(port)
+        assert trust.private_dir_problem(path, os.geteuid()) is None  # 0700, ours
+        assert hostenv.fetch(trust.directory(port)) == env
+        assert hostenv.fetch(trust.directory(port)) == env  # every rank asks once
     assert not path.exists()
     with pytest.raises(HostEnvError, match=r"timed out after 0.3s waiting for this host's environment"):
         hostenv.fetch(
-            hostenv.directory(port), timeout=0.3
+            trust.directory(port), timeout=0.3
         )  # nobody serves: a rank fails, never runs with another's identity
 
 
 def _fake_server(port: int, pid: int, answer: bytes) -> tuple[socket.socket, threading.Thread]:
-    path = hostenv.directory(port)
+    path = trust.directory(port)
     path.mkdir(mode=0o700)
-    (path / hostenv.PID_FILE).write_text(str(pid))
+    (path / trust.PID_FILE).write_text(str(pid))
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path / hostenv.SOCKET))
+    server.bind(str(path / trust.ENV_SOCKET))
     server.listen(1)
 
     def reply():
@@ -123,7 +124,7 @@ def _fake_server(port: int, pid: int, answer: bytes) -> tuple[socket.socket, thr
 def test_a_garbled_answer_is_refused(port):
     server, thread = _fake_server(port, os.getpid(), json.dumps({"A": 1}).encode())  # values must be strings
     with server, pytest.raises(HostEnvError, match=r"answered something other than an environment"):
-        hostenv.fetch(hostenv.directory(port), timeout=2)
+        hostenv.fetch(trust.directory(port), timeout=2)
     thread.join()
 
 
@@ -136,8 +137,8 @@ def test_a_train_that_did_not_start_the_rank_is_refused(port):
         with pytest.raises(
             HostEnvError, match=r"served by pid \d+, which did not start this process: refused"
         ):
-            hostenv.fetch(hostenv.directory(port), timeout=2, ancestors=processes.ancestors())
-        assert hostenv.fetch(hostenv.directory(port), timeout=2, ancestors={os.getpid()}) == env
+            hostenv.fetch(trust.directory(port), timeout=2, ancestors=processes.ancestors())
+        assert hostenv.fetch(trust.directory(port), timeout=2, ancestors={os.getpid()}) == env
     thread.join()
 
 
@@ -162,7 +163,7 @@ def test_an_answer_from_another_process_than_the_train_is_refused(port):
                 HostEnvError, match=rf"answered by pid {os.getpid()} .* not by its train \(pid {other.pid}"
             ),
         ):
-            hostenv.fetch(hostenv.directory(port), timeout=2)
+            hostenv.fetch(trust.directory(port), timeout=2)
         thread.join()
     finally:
         other.kill()
@@ -179,23 +180,23 @@ def _as_nobody(code: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_another_user_can_neither_read_nor_take_the_place(port, server):
-    path = hostenv.directory(port)
+    path = trust.directory(port)
     probe = _as_nobody(
         "import socket\n"
         "s = socket.socket(socket.AF_UNIX)\n"
-        f"try:\n    s.connect({str(path / hostenv.SOCKET)!r})\n"
+        f"try:\n    s.connect({str(path / trust.ENV_SOCKET)!r})\n"
         "except OSError as e:\n    print(type(e).__name__)\n"
         "else:\n    print('connected', s.recv(100))\n"
     )
     assert probe.stdout.strip() == "PermissionError", probe.stdout + probe.stderr
-    assert hostenv.fetch(hostenv.directory(port))["SM_CURRENT_HOST"] == "algo-2"
+    assert hostenv.fetch(trust.directory(port))["SM_CURRENT_HOST"] == "algo-2"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 @pytest.mark.parametrize("how", ["other user", "group writable", "symlink"])
 def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, how):
     """A squatter's directory (or a symlink to one): `train` refuses to serve there, a rank to trust it."""
-    path = hostenv.directory(port)
+    path = trust.directory(port)
     if how == "symlink":
         (tmp_path / "elsewhere").mkdir(mode=0o700)
         path.symlink_to(tmp_path / "elsewhere")
@@ -206,39 +207,39 @@ def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, ho
         else:
             path.chmod(0o770)
     refused = pytest.raises(HostEnvError, match=r"cannot serve this host's environment to its ranks: ")
-    with refused, hostenv.serving(hostenv.directory(port), {"A": "1"}):
+    with refused, hostenv.serving(trust.directory(port), {"A": "1"}):
         pass
     with pytest.raises(HostEnvError, match=r"this host's environment is not trusted: "):
-        hostenv.fetch(hostenv.directory(port), timeout=2)
+        hostenv.fetch(trust.directory(port), timeout=2)
 
 
 def test_a_live_train_keeps_its_place_and_a_stale_one_is_taken_over(port, server):
     with (
         pytest.raises(HostEnvError, match=rf"is in use by pid {server.pid}"),
-        hostenv.serving(hostenv.directory(port), {"A": "2"}),
+        hostenv.serving(trust.directory(port), {"A": "2"}),
     ):
         pass
-    assert hostenv.fetch(hostenv.directory(port))["A"] == "1"  # the refused second one removed nothing
+    assert hostenv.fetch(trust.directory(port))["A"] == "1"  # the refused second one removed nothing
     server.kill()  # gone without cleaning up: its directory and pid stay behind
     server.wait()
-    with hostenv.serving(hostenv.directory(port), {"A": "3"}):
-        assert hostenv.fetch(hostenv.directory(port))["A"] == "3"
+    with hostenv.serving(trust.directory(port), {"A": "3"}):
+        assert hostenv.fetch(trust.directory(port))["A"] == "3"
 
 
 def test_a_place_whose_pid_is_now_another_kind_of_process_is_taken_over(port):
-    path = hostenv.directory(port)
+    path = trust.directory(port)
     path.mkdir(mode=0o700)
     with subprocess.Popen(["sleep", "60"]) as other:  # alive, but not a train
-        (path / hostenv.PID_FILE).write_text(str(other.pid))
+        (path / trust.PID_FILE).write_text(str(other.pid))
         with hostenv.serving(path, {"A": "4"}):
             assert hostenv.fetch(path)["A"] == "4"
         other.kill()
 
 
 def test_a_trains_pid_written_before_that_process_started_is_stale(port, server):
-    path = hostenv.directory(port)
+    path = trust.directory(port)
     hour_ago = time.time() - 3600
-    os.utime(path / hostenv.PID_FILE, (hour_ago, hour_ago))  # the pid was written before this train started
+    os.utime(path / trust.PID_FILE, (hour_ago, hour_ago))  # the pid was written before this train started
     with hostenv.serving(path, {"A": "5"}):
         assert hostenv.fetch(path)["A"] == "5"
 
@@ -252,8 +253,8 @@ def test_leaders_directories_left_by_killed_trains_are_reclaimed_and_no_other(se
         path = hostenv.leader_directory()
         path.mkdir(mode=0o700)
         if pid is not None:
-            (path / hostenv.PID_FILE).write_text(str(pid))
-        (path / hostenv.SOCKET).touch()
+            (path / trust.PID_FILE).write_text(str(pid))
+        (path / trust.ENV_SOCKET).touch()
         when = time.time() - age
         os.utime(path, (when, when))
         made[name] = path
@@ -270,8 +271,10 @@ def test_leaders_directories_left_by_killed_trains_are_reclaimed_and_no_other(se
 def test_entries_of_the_wrong_kind_are_one_line_naming_them(tmp_path):
     path = tmp_path / "place"
     path.mkdir(mode=0o700)
-    (path / hostenv.SOCKET).mkdir()  # a directory where the socket goes
-    wrong = pytest.raises(HostEnvError, match=rf"cannot serve this host's environment: .*/{hostenv.SOCKET}: ")
+    (path / trust.ENV_SOCKET).mkdir()  # a directory where the socket goes
+    wrong = pytest.raises(
+        HostEnvError, match=rf"cannot serve this host's environment: .*/{trust.ENV_SOCKET}: "
+    )
     with wrong, hostenv.serving(path, {"A": "1"}):
         pass
     missing = pytest.raises(HostEnvError, match=r"cannot create .*/missing/place: No such file or directory")
@@ -286,7 +289,7 @@ def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
 
     def ask():
         try:
-            results.append(hostenv.fetch(hostenv.directory(port), timeout=30)["SM_CURRENT_HOST"])
+            results.append(hostenv.fetch(trust.directory(port), timeout=30)["SM_CURRENT_HOST"])
         except HostEnvError as exc:
             results.append(exc)
 
@@ -306,9 +309,9 @@ def test_a_rank_on_the_leaders_host_asks_the_leaders_directory_elsewhere_its_wor
         assert hostenv.rank_directory({hostenv.SERVED: str(leaders)}, port) == leaders
         assert hostenv.fetch(leaders)["SM_CURRENT_HOST"] == "algo-1"
     gone = {hostenv.SERVED: str(leaders)}  # on a worker's host the leader's directory does not exist
-    assert hostenv.rank_directory(gone, port) == hostenv.directory(port)
+    assert hostenv.rank_directory(gone, port) == trust.directory(port)
     elsewhere = {hostenv.SERVED: str(tmp_path)}  # only a directory where the leader makes them counts
-    assert hostenv.rank_directory(elsewhere, port) == hostenv.directory(port)
+    assert hostenv.rank_directory(elsewhere, port) == trust.directory(port)
 
 
 def test_a_rank_without_its_hosts_environment_fails_in_one_line(port):

@@ -1,5 +1,5 @@
 """The leader-worker link without ssh: the real relay process feeding a real LinkWaiter (its socket in the
-worker's private directory, roles/hostenv.py)."""
+worker's private directory, proc/trust.py)."""
 
 import os
 import subprocess
@@ -10,6 +10,7 @@ import pytest
 
 from smhvd import wire
 from smhvd.errors import EX_UNAVAILABLE, PeerError
+from smhvd.proc import trust
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.waiting import wait_until
 from smhvd.roles import hostenv
@@ -35,7 +36,7 @@ def ready(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture
 def waiter():
-    place = hostenv.directory(PORT)
+    place = trust.directory(PORT)
     with hostenv.serving(place, {}), listening(place) as server, SignalWatch() as watch:
         yield lambda timeout=10.0: LinkWaiter(server, "algo-1", timeout, watch)
     assert not place.exists()

@@ -8,14 +8,8 @@ unless launcher_forward_aws_credentials, plus its own SM_* values), and the rank
 start and merges: the host's environment below, the leader's forwarded variables (the job's decisions) above
 it, and the host's own per-host SM_* values on top.
 
-Who may answer a rank: only its own host's `train`. The socket lives in a directory that `train` creates
-itself, owned by its user with mode 0700, under /run for root (a directory only root may write) or /tmp
-otherwise, named after the user and the job's port; `train` writes its pid there. A rank trusts the
-directory only if it has exactly that owner and mode, and the answer only if the server's credentials
-(SO_PEERCRED) are its own uid and the pid written there, and that pid is one of the rank's own ancestors (the
-`train` that started it: `train` is a child subreaper, so its ranks stay below it on every host). A squatter
-of another user cannot create or enter the directory; one that created it first is refused by name, by
-`train` and by the rank alike; a process of the same user that is not the rank's `train` is refused by pid.
+Who may answer a rank: only its own host's `train`, from its private directory (proc/trust.py: the
+directory's owner and mode, the pid written there, the kernel's word on the other end, the rank's ancestors).
 The server answers only processes of its own uid, each without waiting for another (a client that does not
 read is dropped after SEND_TIMEOUT). Nothing is written but the sockets and the pid, and all of it is removed
 when `train` exits. A worker's link socket (the leader's relay connects to it: link.py, roles/worker.py)
@@ -34,8 +28,6 @@ import os
 import secrets
 import selectors
 import socket
-import stat
-import struct
 import threading
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -43,7 +35,17 @@ from pathlib import Path
 
 from smhvd.environment import HOST_KEYS
 from smhvd.errors import ConfigError, HostEnvError
-from smhvd.proc.processes import cmdline, is_alive, process_start_time
+from smhvd.proc.trust import (
+    ENV_SOCKET,
+    LINK_SOCKET,
+    PID_FILE,
+    connect_trusted,
+    directory,
+    is_train,
+    peer_credentials,
+    private_dir_problem,
+    read_pid,
+)
 from smhvd.proc.waiting import NotYet, wait_until
 from smhvd.wire import SERVED
 
@@ -54,18 +56,7 @@ BACKLOG = 4096  # every rank of a large host may ask at the same moment (the ker
 _MAX_BYTES = 64 * 1024 * 1024
 SEND_TIMEOUT = 10.0  # a client that takes nothing of its answer for this long is dropped
 MAX_PENDING = 1024  # answers being sent at once; more connections wait in the listen queue
-SOCKET = "env.sock"
-LINK_SOCKET = "link.sock"  # a worker's: the leader's link relay connects here (roles/worker.py, link.py)
-PID_FILE = "train.pid"
-_OWN_NAMES = (SOCKET, LINK_SOCKET, PID_FILE, PID_FILE + ".tmp")  # all this module ever writes there
-
-
-def directory(name: str | int, uid: int | None = None) -> Path:
-    """Where `train` of this user serves its host's environment: a worker under its port's name (it owns the
-    port on its host), the leader under a name of its own for the job (several single-host jobs may share a
-    machine), which it gives its ranks in SERVED."""
-    uid = os.geteuid() if uid is None else uid
-    return (Path("/run") if uid == 0 else Path("/tmp")) / f"smhvd-hostenv-{uid}-{name}"
+_OWN_NAMES = (ENV_SOCKET, LINK_SOCKET, PID_FILE, PID_FILE + ".tmp")  # all `train` ever writes there
 
 
 def leader_directory() -> Path:
@@ -98,18 +89,6 @@ def reclaim_leaders_leftovers(uid: int | None = None, now: float | None = None) 
     return removed
 
 
-def is_train(pid: int, since: float) -> bool:
-    """Whether `pid` is a live `train` that was running at `since` (time.time(), when its pid was written):
-    a pid of a gone train reused by another process, or by a process started later, is not."""
-    if not is_alive(pid):
-        return False
-    words = cmdline(pid)[:3]
-    if not any(w == "train" or w.endswith("/train") or w.startswith("smhvd") for w in words):
-        return False
-    started = process_start_time(pid)
-    return started is None or started <= since + 1.0  # the boot time is known to the second only
-
-
 def rank_directory(env: Mapping[str, str], port: int) -> Path:
     """The directory a rank asks: the leader's, when the rank runs on the leader's host (it exists there and
     nowhere else: its name is random), else its worker's, named after the port."""
@@ -127,45 +106,6 @@ def merge(received: Mapping[str, str], served: Mapping[str, str]) -> dict[str, s
     env = {**served, **received}
     env.update({k: v for k, v in served.items() if k in HOST_KEYS})
     return env
-
-
-def peer_credentials(conn: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the process at the other end of a unix socket, from the kernel."""
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _ = struct.unpack("3i", creds)
-    return int(pid), int(uid)
-
-
-def private_dir_problem(path: Path, uid: int) -> str | None:
-    """Why `path` is not a directory only `uid` may use (owner uid, mode 0700, no symlink); None if it is."""
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a directory"
-    if st.st_uid != uid:
-        return f"{path} belongs to uid {st.st_uid}, not {uid}"
-    if st.st_mode & 0o077:
-        return f"{path} has mode {stat.S_IMODE(st.st_mode):o}, not 700"
-    return None
-
-
-def read_pid(path: Path) -> int | None:
-    """The pid `train` wrote to `path`; None when there is none yet. ValueError when the file is there but
-    holds no pid, or is not a regular file (a FIFO would block its reader forever)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:  # ELOOP: a symlink
-        raise ValueError(f"{path} cannot be read: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        text = os.read(fd, 32).strip()
-    finally:
-        os.close(fd)
-    if not (text.isdigit() and 0 < len(text) <= 10 and int(text) > 0):
-        raise ValueError(f"{path} holds no pid")
-    return int(text)
 
 
 def _claim(path: Path) -> None:
@@ -210,12 +150,12 @@ def serving(path: Path, env: Mapping[str, str]) -> Iterator[None]:
     thread = None
     try:
         try:  # an entry of another kind in the way (a directory named env.sock), ...
-            server.bind(str(path / SOCKET))
+            server.bind(str(path / ENV_SOCKET))
             server.listen(BACKLOG)
             server.setblocking(False)
         except OSError as exc:
             raise HostEnvError(
-                f"cannot serve this host's environment: {path / SOCKET}: {exc.strerror}"
+                f"cannot serve this host's environment: {path / ENV_SOCKET}: {exc.strerror}"
             ) from None
         pid_tmp = path / f"{PID_FILE}.tmp"
         try:
@@ -335,58 +275,11 @@ def _parse(data: bytes) -> dict[str, str] | None:
     return env
 
 
-def connect_trusted(
-    path: Path, name: str, timeout: float, ancestors: Collection[int] | None, what: str
-) -> socket.socket:
-    """A connection to the socket `name` in `train`'s private directory `path`, made only when the directory
-    is this user's alone and the other end is the `train` whose pid is written there (and, given `ancestors`,
-    one of them). NotYet while the server is not (yet) there or too busy; HostEnvError for anything that must
-    not be trusted. `what` names the socket in messages."""
-    uid = os.geteuid()
-    try:
-        problem = private_dir_problem(path, uid)
-    except FileNotFoundError:
-        raise NotYet(f"{path} does not exist") from None
-    if problem:
-        raise HostEnvError(f"{what} is not trusted: {problem}")
-    try:
-        pid = read_pid(path / PID_FILE)
-    except ValueError as exc:
-        raise HostEnvError(f"{what} is not trusted: {exc}") from None
-    if pid is None:
-        raise NotYet(f"no {PID_FILE} in {path} yet")
-    if ancestors is not None and pid not in ancestors:
-        raise HostEnvError(f"{what} is served by pid {pid}, which did not start this process: refused")
-    conn = _connect(path / name, timeout, what)
-    peer_pid, peer_uid = peer_credentials(conn)
-    if peer_uid != uid or peer_pid != pid:
-        conn.close()
-        raise HostEnvError(
-            f"{what} was answered by pid {peer_pid} (uid {peer_uid}), not by its train "
-            f"(pid {pid}, uid {uid}): refused"
-        )
-    return conn
-
-
-def _connect(path: Path, timeout: float, what: str) -> socket.socket:
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.settimeout(timeout)
-    try:
-        conn.connect(str(path))
-    except (FileNotFoundError, ConnectionRefusedError, BlockingIOError, TimeoutError) as exc:
-        conn.close()
-        raise NotYet(f"connect: {exc}") from None
-    except OSError as exc:  # not a socket at all, ...
-        conn.close()
-        raise HostEnvError(f"{what} is not trusted: {path}: {exc.strerror}") from None
-    return conn
-
-
 def fetch_once(path: Path, timeout: float, ancestors: Collection[int] | None = None) -> dict[str, str]:
     """One attempt: NotYet while the server is not (yet) there or too busy; HostEnvError for anything that
     must not be trusted."""
     what = "this host's environment"
-    with connect_trusted(path, SOCKET, timeout, ancestors, what) as conn:
+    with connect_trusted(path, ENV_SOCKET, timeout, ancestors, what) as conn:
         chunks: list[bytes] = []
         size = 0
         try:
@@ -432,7 +325,7 @@ def fetch(
         timeout = fetch_timeout(os.environ)
     return wait_until(
         lambda: fetch_once(path, min(timeout, 5.0), ancestors),
-        what=f"this host's environment from its train ({path / SOCKET})",
+        what=f"this host's environment from its train ({path / ENV_SOCKET})",
         timeout=timeout,
         error=HostEnvError,
     )

@@ -26,6 +26,7 @@ from smhvd.mpi.supervisor import stop_local_ranks
 from smhvd.proc.processes import die_with_parent, kill_descendants
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.timers import Timers
+from smhvd.proc.trust import LINK_SOCKET, directory, peer_credentials
 from smhvd.report import failure, stacks
 from smhvd.roles import hostenv
 from smhvd.roles.sshd import ssh_port, start_sshd
@@ -46,7 +47,7 @@ def listening(place: Path) -> Iterator[socket.socket]:
     """The link socket the leader's relay connects to, in this `train`'s private directory (claimed by
     hostenv.serving: another user cannot reach it, and a second `train` for the port is refused there)."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    path = place / hostenv.LINK_SOCKET
+    path = place / LINK_SOCKET
     try:
         try:
             server.bind(str(path))
@@ -125,7 +126,7 @@ class LinkWaiter:
     def _handle(self, obj: object, sel: selectors.BaseSelector, keep: list[int]) -> Verdict | None:
         if obj is self.server:
             conn, _ = self.server.accept()
-            if hostenv.peer_credentials(conn)[1] == os.geteuid():
+            if peer_credentials(conn)[1] == os.geteuid():
                 log.debug("link from the leader connected")
                 conn.setblocking(False)
                 self.buffers[conn] = b""
@@ -258,7 +259,7 @@ def run_worker(
     leader = job.leader
     host = job.resources.current_host
     with SignalWatch() as watch, contextlib.ExitStack() as stack:
-        place = hostenv.directory(port)
+        place = directory(port)
         stack.enter_context(hostenv.serving(place, rank_env))
         server = stack.enter_context(listening(place))
         sshd = start_sshd(run_dir, port)

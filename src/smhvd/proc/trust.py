@@ -1,0 +1,136 @@
+"""Whom a process may trust on its own host: `train`'s private directory, the pid written there, and the
+kernel's word on who is at the other end of a unix socket.
+
+Each host's `train` serves its ranks' environment (roles/hostenv.py) and, on a worker, the leader's link
+(roles/worker.py, link.py) from a directory it creates itself, owned by its user with mode 0700, under /run
+for root (a directory only root may write) or /tmp otherwise, named after the user and the job's port; it
+writes its pid there. A client trusts the directory only if it has exactly that owner and mode, and the
+answer only if the server's credentials (SO_PEERCRED) are its own uid and the pid written there, and, for a
+rank or the link relay, that pid is one of its own ancestors (the `train` that started it: `train` is a child
+subreaper, so its ranks stay below it on every host). A squatter of another user cannot create or enter the
+directory; one that created it first is refused by name, by `train` and by its clients alike; a process of the
+same user that is not the client's `train` is refused by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+from collections.abc import Collection
+from pathlib import Path
+
+from smhvd.errors import HostEnvError
+from smhvd.proc.processes import cmdline, is_alive, process_start_time
+from smhvd.proc.waiting import NotYet
+
+# What the directory holds: `train`'s pid, and its sockets.
+PID_FILE = "train.pid"
+ENV_SOCKET = "env.sock"  # this host's environment for its ranks (roles/hostenv.py)
+LINK_SOCKET = "link.sock"  # a worker's: the leader's link relay connects here (roles/worker.py, link.py)
+
+
+def directory(name: str | int, uid: int | None = None) -> Path:
+    """`train`'s private directory for this user: a worker's under its port's name (it owns the port on its
+    host), the leader's under a name of its own for the job (roles/hostenv.leader_directory)."""
+    uid = os.geteuid() if uid is None else uid
+    return (Path("/run") if uid == 0 else Path("/tmp")) / f"smhvd-hostenv-{uid}-{name}"
+
+
+def private_dir_problem(path: Path, uid: int) -> str | None:
+    """Why `path` is not a directory only `uid` may use (owner uid, mode 0700, no symlink); None if it is."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    if st.st_uid != uid:
+        return f"{path} belongs to uid {st.st_uid}, not {uid}"
+    if st.st_mode & 0o077:
+        return f"{path} has mode {stat.S_IMODE(st.st_mode):o}, not 700"
+    return None
+
+
+def read_pid(path: Path) -> int | None:
+    """The pid `train` wrote to `path`; None when there is none yet. ValueError when the file is there but
+    holds no pid, or is not a regular file (a FIFO would block its reader forever)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symlink
+        raise ValueError(f"{path} cannot be read: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        text = os.read(fd, 32).strip()
+    finally:
+        os.close(fd)
+    if not (text.isdigit() and 0 < len(text) <= 10 and int(text) > 0):
+        raise ValueError(f"{path} holds no pid")
+    return int(text)
+
+
+def is_train(pid: int, since: float) -> bool:
+    """Whether `pid` is a live `train` that was running at `since` (time.time(), when its pid was written):
+    a pid of a gone train reused by another process, or by a process started later, is not."""
+    if not is_alive(pid):
+        return False
+    words = cmdline(pid)[:3]
+    if not any(w == "train" or w.endswith("/train") or w.startswith("smhvd") for w in words):
+        return False
+    started = process_start_time(pid)
+    return started is None or started <= since + 1.0  # the boot time is known to the second only
+
+
+def peer_credentials(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a unix socket, from the kernel."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    return int(pid), int(uid)
+
+
+def connect_trusted(
+    path: Path, name: str, timeout: float, ancestors: Collection[int] | None, what: str
+) -> socket.socket:
+    """A connection to the socket `name` in `train`'s private directory `path`, made only when the directory
+    is this user's alone and the other end is the `train` whose pid is written there (and, given `ancestors`,
+    one of them). NotYet while the server is not (yet) there or too busy; HostEnvError for anything that must
+    not be trusted. `what` names the socket in messages."""
+    uid = os.geteuid()
+    try:
+        problem = private_dir_problem(path, uid)
+    except FileNotFoundError:
+        raise NotYet(f"{path} does not exist") from None
+    if problem:
+        raise HostEnvError(f"{what} is not trusted: {problem}")
+    try:
+        pid = read_pid(path / PID_FILE)
+    except ValueError as exc:
+        raise HostEnvError(f"{what} is not trusted: {exc}") from None
+    if pid is None:
+        raise NotYet(f"no {PID_FILE} in {path} yet")
+    if ancestors is not None and pid not in ancestors:
+        raise HostEnvError(f"{what} is served by pid {pid}, which did not start this process: refused")
+    conn = _connect(path / name, timeout, what)
+    peer_pid, peer_uid = peer_credentials(conn)
+    if peer_uid != uid or peer_pid != pid:
+        conn.close()
+        raise HostEnvError(
+            f"{what} was answered by pid {peer_pid} (uid {peer_uid}), not by its train "
+            f"(pid {pid}, uid {uid}): refused"
+        )
+    return conn
+
+
+def _connect(path: Path, timeout: float, what: str) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(timeout)
+    try:
+        conn.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError, BlockingIOError, TimeoutError) as exc:
+        conn.close()
+        raise NotYet(f"connect: {exc}") from None
+    except OSError as exc:  # not a socket at all, ...
+        conn.close()
+        raise HostEnvError(f"{what} is not trusted: {path}: {exc.strerror}") from None
+    return conn
