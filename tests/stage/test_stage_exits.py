@@ -1,5 +1,6 @@
 """smhvd-stage-coco's documented exits that test_stage_coco.py does not reach, run as users run it: 74 (a
-local file could not be read) and 70 (verification: the bucket does not hold what was uploaded)."""
+local file could not be read), 70 (verification: the bucket does not hold what was uploaded) and 77 with
+valid keys that are not allowed (test_stage_coco.py has 77 without keys)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import boto3
 import pytest
 
-from support.s3 import endpoint, s3_client, stage_coco
+from support.s3 import endpoint, moto_server, s3_client, stage_coco
 
 pytestmark = pytest.mark.integration
 
@@ -156,3 +158,42 @@ def test_an_object_replaced_before_verification_is_70_and_one_line(
     )
     listed = direct.list_objects_v2(Bucket="replaced", Prefix="coco/")
     assert "coco/annotations/_manifest.json" not in {o["Key"] for o in listed.get("Contents", [])}
+
+
+def test_keys_without_permission_to_write_are_77_and_one_line(tmp_path: Path) -> None:
+    """moto checks IAM after its first 7 requests (made here: two users, each with a policy and a key, and
+    the bucket). A read-only user's upload is denied; the same run by a user allowed s3:* stages: the 77
+    comes from the policy."""
+    root = tmp_path / "coco"
+    write_small_coco(root)
+    policies = {"reader": ["s3:List*", "s3:Get*", "s3:Head*"], "writer": ["s3:*"]}
+    with moto_server({"INITIAL_NO_AUTH_ACTION_COUNT": "7"}) as port:
+        iam = boto3.client(
+            "iam",
+            endpoint_url=endpoint(port),
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        keys = {}
+        for user, actions in policies.items():
+            iam.create_user(UserName=user)
+            document = {
+                "Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
+            }
+            iam.put_user_policy(UserName=user, PolicyName=user, PolicyDocument=json.dumps(document))
+            key = iam.create_access_key(UserName=user)["AccessKey"]
+            keys[user] = {
+                "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+                "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+            }
+        s3_client(endpoint(port)).create_bucket(Bucket="guarded")
+        denied = stage_coco(tmp_path, str(root), "s3://guarded/coco", port=port, env=keys["reader"])
+        allowed = stage_coco(tmp_path, str(root), "s3://guarded/coco", port=port, env=keys["writer"])
+    assert denied.returncode == 77, denied.stderr
+    assert "Traceback" not in denied.stderr
+    line = denied.stderr.splitlines()[-1]
+    assert line.startswith("smhvd-stage-coco: error: s3://guarded/coco/"), line
+    assert ": upload of " in line and line.endswith(": access denied (AccessDenied: Access Denied)"), line
+    assert allowed.returncode == 0, allowed.stderr

@@ -3,11 +3,12 @@ command run against it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,10 @@ import pytest
 from smhvd.proc.waiting import wait_until
 
 
-@pytest.fixture(scope="module")
-def s3_port() -> Iterator[int]:
-    """A real S3-compatible server (moto_server) on loopback, one per test module; yields its port."""
+@contextlib.contextmanager
+def moto_server(env: Mapping[str, str] | None = None) -> Iterator[int]:
+    """A real S3-compatible server (moto_server) on loopback, with `env` added to its environment (e.g.
+    INITIAL_NO_AUTH_ACTION_COUNT: IAM checks after that many requests); yields its port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
@@ -26,6 +28,7 @@ def s3_port() -> Iterator[int]:
         [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
 
     def accepting() -> bool | None:
@@ -39,6 +42,13 @@ def s3_port() -> Iterator[int]:
     finally:
         server.terminate()
         server.wait()
+
+
+@pytest.fixture(scope="module")
+def s3_port() -> Iterator[int]:
+    """A moto_server for the tests that need S3, one per test module; yields its port."""
+    with moto_server() as port:
+        yield port
 
 
 def endpoint(port: int) -> str:
@@ -76,10 +86,15 @@ def user_env(scratch: Path, *, port: int | None, creds: bool = True) -> dict[str
 
 
 def stage_coco(
-    scratch: Path, *args: str, port: int | None, creds: bool = True, timeout: float = 60
+    scratch: Path,
+    *args: str,
+    port: int | None,
+    creds: bool = True,
+    timeout: float = 60,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`smhvd-stage-coco ARGS` as a user runs it: endpoint and keys from the environment, none of this
-    machine's AWS configuration; its checksum cache in `scratch`."""
-    env = user_env(scratch, port=port, creds=creds)
+    """`smhvd-stage-coco ARGS` as a user runs it: endpoint and keys from the environment (`env` wins), none of
+    this machine's AWS configuration; its checksum cache in `scratch`."""
+    env = {**user_env(scratch, port=port, creds=creds), **(env or {})}
     argv = [sys.executable, "-m", "smhvd_stage.coco", *args, "--checksum-cache", str(scratch / "md5.json")]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
