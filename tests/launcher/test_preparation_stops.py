@@ -218,6 +218,26 @@ def test_a_stop_at_any_moment_of_pip_leaves_nothing_in_tmpdir(train_job, local_p
     assert not left, left[:10]
 
 
+def test_what_a_train_killed_during_pip_left_in_tmpdir_is_removed_by_the_next_one(
+    train_job, local_pip, tmp_path
+):
+    """SIGKILL to `train` (nothing of it can clean up; pip dies with it) leaves the step's TMPDIR: the next
+    train's first step removes it, and that train leaves nothing."""
+    job = train_job(SCRIPT)
+    (job.code / "requirements.txt").write_text("smhvdtiny==1.0\n")
+    train = start(job, local_pip)
+    wait_for_moment(train, tmp_path / "tmp", PIP_MOMENTS.index("pip-unpack-"))
+    pip = [pid for pid in descendants(train.pid) if cmdline(pid)[1:3] == ["-m", "pip"]]
+    train.kill()
+    train.communicate()
+    wait_until(lambda: None if any(is_alive(pid) for pid in pip) else True, what="pip to die", timeout=30)
+    assert list((tmp_path / "tmp").iterdir())  # what the killed train left
+    job = train_job("open('ran', 'w').write('ran')\n")
+    stderr = end(start(job, local_pip), 120)
+    assert (job.code / "ran").exists(), stderr
+    assert not list((tmp_path / "tmp").iterdir())
+
+
 def test_sigusr1_during_preparation_is_harmless(train_job, silent_server):
     job = train_job(SCRIPT)
     (job.code / "requirements.txt").write_text("smhvd-no-such-package==1.0\n")

@@ -181,6 +181,43 @@ def test_a_private_tmpdir_is_gone_however_its_block_ends(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+# A train holding a step's TMPDIR: makes it under argv[1], leaves a pip-like directory in it, says its name,
+# and waits.
+HOLDS_A_TMPDIR = """
+import sys, time
+from pathlib import Path
+from smhvd.proc.steps import private_tmpdir
+with private_tmpdir(Path(sys.argv[1])) as made:
+    (made / "pip-build-tracker-x").mkdir()
+    print(made.name, flush=True)
+    time.sleep(300)
+"""
+
+
+@pytest.mark.integration
+def test_a_tmpdir_whose_train_was_killed_is_removed_by_the_next_step_and_a_live_ones_is_kept(tmp_path):
+    parent = tmp_path / "tmp"
+    parent.mkdir()
+    trains = [
+        subprocess.Popen(
+            [sys.executable, "-c", HOLDS_A_TMPDIR, str(parent)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    try:
+        killed, alive = (train.stdout.readline().strip() for train in trains if train.stdout)
+        trains[0].kill()  # SIGKILL: nothing of it runs any more, its directory stays
+        trains[0].wait()
+        assert sorted(p.name for p in parent.iterdir()) == sorted([killed, alive])
+        with private_tmpdir(parent) as mine:
+            assert sorted(p.name for p in parent.iterdir()) == sorted([alive, mine.name])
+        assert [p.name for p in parent.iterdir()] == [alive]
+    finally:
+        for train in trains:
+            train.kill()
+            train.communicate()
+
+
 def test_a_tmpdir_that_cannot_be_made_is_not_a_missing_program(tmp_path):
     """FileNotFoundError from run_step means "no such program" (the EFA probe reads it so)."""
     failed = "cannot create the step's temporary directory"

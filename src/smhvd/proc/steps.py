@@ -12,7 +12,9 @@ job's log as it comes. However the wait ends, nothing the step started is left r
 
 A step writes its temporary files in a directory of its own (`private_tmpdir`: the step's TMPDIR, 0700, under
 the inherited one), removed once its processes are gone, however the wait ended: pip removes its pip-*
-directories only when it exits normally or on KeyboardInterrupt, and a stop ends it with SIGTERM.
+directories only when it exits normally or on KeyboardInterrupt, and a stop ends it with SIGTERM. The one
+stop nothing can clean up after, SIGKILL to `train`, leaves such a directory: the next step removes it
+(each is locked by its train while in use, and the kernel drops the lock with the process).
 
 "Started since the step began" is exact because the launcher is a child subreaper (processes.py): a process
 that daemonizes is re-parented to the launcher, so it is still one of its descendants.
@@ -21,6 +23,7 @@ that daemonizes is re-parented to the launcher, so it is still one of its descen
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import selectors
@@ -39,6 +42,7 @@ from smhvd.proc.waiting import NotYet, wait_until
 
 OUTPUT_LIMIT = 1 << 20  # of each stream, the first and the last half of this many bytes are kept
 STOP_GRACE = 3.0  # SIGTERM, then SIGKILL this long after to what ignored it (as mpirun after an abort)
+TMPDIR_PREFIX = "smhvd-step-"  # a step's TMPDIR: <inherited TMPDIR>/smhvd-step-<random>
 
 
 @dataclass(frozen=True)
@@ -118,20 +122,67 @@ def _run(
 def private_tmpdir(parent: Path | None = None) -> Iterator[Path]:
     """A new directory (0700) under `parent` (default: this process's temporary directory), removed with
     everything in it when the block ends, however it ends. A stop that lands during the removal is raised
-    after it (PreparationSignals acts on the first stop only, so the second attempt runs undisturbed)."""
-    path = (parent or Path(tempfile.gettempdir())) / f"smhvd-step-{secrets.token_hex(8)}"
+    after it (PreparationSignals acts on the first stop only, so the second attempt runs undisturbed).
+
+    While the block runs, this process holds a lock on the directory (made under a hidden name, locked, then
+    renamed into place, so that no other train finds it unlocked); directories whose holder is gone are
+    removed first (`remove_abandoned`)."""
+    parent = parent or Path(tempfile.gettempdir())
+    remove_abandoned(parent)
+    name = f"{TMPDIR_PREFIX}{secrets.token_hex(8)}"
+    making, path = parent / f".{name}", parent / name
+    made = False
     try:
-        path.mkdir(mode=0o700)
+        making.mkdir(mode=0o700)
+        made = True
+        held = os.open(making, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:  # not a FileNotFoundError: to the callers that means "no such program"
-        raise OSError(f"cannot create the step's temporary directory in {path.parent}: {exc}") from None
+        if made:
+            _remove(making)
+        raise OSError(f"cannot create the step's temporary directory in {parent}: {exc}") from None
     try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        making.rename(path)
         yield path
     finally:
         try:
+            _remove(path, making)
+        finally:
+            os.close(held)  # the lock goes with it
+
+
+def remove_abandoned(parent: Path) -> list[Path]:
+    """Remove the step directories under `parent` that no process holds any more (their train was killed
+    outright); only this user's, never through a link. Returns what was removed."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in sorted(parent.glob(f"{TMPDIR_PREFIX}*")):
+            try:
+                fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue  # gone, a link, or not ours to read
+            try:
+                if os.fstat(fd).st_uid != os.geteuid():
+                    continue
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: its train is alive
+                _remove(entry)
+                removed.append(entry)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+    return removed
+
+
+def _remove(*paths: Path) -> None:
+    """rmtree each; a stop that interrupts the first attempt is raised after a second one."""
+    try:
+        for path in paths:
             shutil.rmtree(path, ignore_errors=True)
-        except BaseException:
+    except BaseException:
+        for path in paths:
             shutil.rmtree(path, ignore_errors=True)
-            raise
+        raise
 
 
 def _wait(proc: subprocess.Popen[bytes], kept: dict[int, _Kept], echo: bool, deadline: float | None) -> bool:
