@@ -12,7 +12,7 @@ import pytest
 
 from .helpers import BuiltImage, run
 
-pytestmark = [pytest.mark.images, pytest.mark.integration]
+pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(3600)]
 
 PROBE = """
 import json

@@ -21,7 +21,7 @@ import pytest
 from .helpers import REPO
 from .test_sdk_local import sdk  # noqa: F401 (the SDK venv fixture, shared with the local-mode test)
 
-pytestmark = [pytest.mark.images, pytest.mark.integration]
+pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(3600)]
 
 IMAGE = "localhost/sagemaker-horovod:gpu"
 # The SDK's estimator as SageMaker's Horovod samples write it, with instance_type local_gpu; argv[3]
