@@ -40,11 +40,9 @@ from smhvd.proc.processes import (
     kill_descendants,
     rank_program_preexec,
 )
-from smhvd.report.failure import RankFailure
-from smhvd.report.summary import RankStart
 from smhvd.roles import hostenv
 from smhvd.roles.sshd import ssh_port
-from smhvd.wire import OUTPUT_CHANNEL, RANK_ARGV, RECORDS, SERVED, TAG_OUTPUT
+from smhvd.wire import OUTPUT_CHANNEL, RANK_ARGV, RECORDS, SERVED, TAG_OUTPUT, RankFailure, RankStart
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -1,7 +1,8 @@
 """What the launcher's processes tell each other: every format that crosses a process boundary, in one place.
 
 - the rank wrapper to the leader, in mpirun's stderr: records (below) that carry its program's stdout and
-  stderr, its start and its failure, reassembled by the leader (mpi/output.py; why: docs/output.md);
+  stderr, its start (RankStart) and its failure (RankFailure), reassembled by the leader (mpi/output.py;
+  why: docs/output.md);
 - the leader to each rank, in the environment: the program's argv (RANK_ARGV), whether lines are tagged
   (TAG_OUTPUT), whether to write records (OUTPUT_CHANNEL) and where the rank's host serves its environment
   (SERVED);
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+from dataclasses import asdict, dataclass
 
 # Records: the rank wrapper's stderr (a pipe that Open MPI reads in pieces of at most RECORD_MAX bytes and
 # forwards, with --tag-output, behind a tag `[JOB,RANK]<stderr>:` each) is a sequence of records
@@ -117,3 +120,73 @@ def writes(recs: list[bytes]) -> list[bytes]:
 def body_lines(body: bytes) -> bytes:
     """A record body's bytes as the stream had them (LINE_END back to newlines, escapes undone). Pure."""
     return unescape(body.replace(b"\x1e", b"\n"))
+
+
+@dataclass(frozen=True)
+class RankStart:
+    """A rank wrapper's start (START records), for the job summary."""
+
+    rank: int | None
+    host: str | None
+    at: float  # wall clock (time.time()) when the rank wrapper started the script
+
+    def to_json(self) -> bytes:
+        """One line of JSON."""
+        return json.dumps(asdict(self), separators=(",", ":")).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, line: bytes) -> RankStart | None:
+        try:
+            data = json.loads(line)
+            rank, host, at = data.get("rank"), data.get("host"), data.get("at")
+        except (ValueError, AttributeError):
+            return None
+        if not isinstance(at, int | float) or not (rank is None or isinstance(rank, int)):
+            return None
+        return cls(rank=rank, host=host if isinstance(host, str) else None, at=float(at))
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """A failed rank (FAILURE records, or mpirun's own account of it): the leader takes the first as the
+    job's root cause (report/failure.py)."""
+
+    rank: int | None
+    host: str | None
+    exit_code: int | None = None  # when the process exited
+    signal: int | None = None  # when it was killed by a signal
+    stderr_tail: str = ""
+
+    def headline(self) -> str:
+        who = "rank ?" if self.rank is None else f"rank {self.rank}"
+        if self.host:
+            who += f" on {self.host}"
+        if self.signal is not None:
+            return f"{who} was killed by signal {self.signal} ({signal_name(self.signal)})"
+        return f"{who} exited with code {self.exit_code}"
+
+    def to_json(self) -> bytes:
+        """One line of JSON: any size, any characters."""
+        text = json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+        return text.encode("utf-8", errors="backslashreplace") + b"\n"
+
+    @classmethod
+    def from_json(cls, line: bytes) -> RankFailure | None:
+        try:
+            data = json.loads(line)
+            return cls(
+                rank=data.get("rank"),
+                host=data.get("host"),
+                exit_code=data.get("exit_code"),
+                signal=data.get("signal"),
+                stderr_tail=str(data.get("stderr_tail") or ""),
+            )
+        except (ValueError, TypeError, AttributeError):
+            return None
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -2,7 +2,8 @@ import os
 
 from smhvd import wire
 from smhvd.mpi.output import StderrFilter, parse_mpirun_verdict
-from smhvd.report.failure import RankFailure, compose, write_failure
+from smhvd.report.failure import compose, write_failure
+from smhvd.wire import RankFailure
 
 
 def test_headlines():

@@ -66,7 +66,7 @@ SERVER = """
 import sys, time
 from smhvd.errors import ConfigError, HostEnvError
 from smhvd.proc import trust
-from smhvd.report.failure import RankFailure
+from smhvd.wire import RankFailure
 from smhvd.roles import hostenv
 with hostenv.serving(trust.directory(int(sys.argv[1])), {"SM_CURRENT_HOST": "algo-2", "A": "1"}):
     print("serving", flush=True)

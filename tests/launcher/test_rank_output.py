@@ -19,8 +19,8 @@ from smhvd.config.launcher_options import split_mpi_options
 from smhvd.errors import ConfigError
 from smhvd.mpi.output import Records, StderrFilter
 from smhvd.proc.lines import PROGRESS_EVERY, Lines, tag, visible
-from smhvd.report.failure import RankFailure, compose
-from smhvd.report.summary import RankStart
+from smhvd.report.failure import compose
+from smhvd.wire import RankFailure, RankStart
 
 CONTROL = bytes(range(0x1C, 0x20))
 

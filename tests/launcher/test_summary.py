@@ -6,7 +6,8 @@ import pytest
 
 from smhvd import wire
 from smhvd.mpi.output import StderrFilter
-from smhvd.report.summary import RankStart, horovod_op_share, summarize, timeline_events, union_length
+from smhvd.report.summary import horovod_op_share, summarize, timeline_events, union_length
+from smhvd.wire import RankStart
 
 
 def test_start_records_are_taken_from_mpiruns_output_and_read_back():

@@ -24,8 +24,7 @@ import re
 from collections import deque
 
 from smhvd import wire
-from smhvd.report.failure import RankFailure
-from smhvd.report.summary import RankStart
+from smhvd.wire import RankFailure, RankStart
 
 TEXT = 0  # Records' kind for what is not a record
 MAX_LINE = 1 << 20  # a rank's line in progress is held up to this size, then passed on as it is

@@ -1,17 +1,14 @@
 """What failed, said in one line, with the evidence (the failing rank's stderr tail) after it.
 
-The rank wrapper reports a failing rank as one JSON document in a record of its own (wire.py); mpirun
-forwards it to the leader, which takes the first one as the root cause. `/opt/ml/output/failure` is written
-once: the first writer wins, so a reason the training script wrote itself is kept.
+The rank wrapper reports a failing rank as one JSON document in a record of its own (wire.RankFailure);
+mpirun forwards it to the leader, which takes the first one as the root cause. `/opt/ml/output/failure` is
+written once: the first writer wins, so a reason the training script wrote itself is kept.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 FAILURE_LIMIT = 1024  # SageMaker shows the first 1024 characters as FailureReason
@@ -25,49 +22,6 @@ STARTUP_NOISE = re.compile(
     r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: E \S+\.cc:\d+\] Unable to register cu\w+ factory: .*"
     r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\."
 )
-
-
-@dataclass(frozen=True)
-class RankFailure:
-    rank: int | None
-    host: str | None
-    exit_code: int | None = None  # when the process exited
-    signal: int | None = None  # when it was killed by a signal
-    stderr_tail: str = ""
-
-    def headline(self) -> str:
-        who = "rank ?" if self.rank is None else f"rank {self.rank}"
-        if self.host:
-            who += f" on {self.host}"
-        if self.signal is not None:
-            return f"{who} was killed by signal {self.signal} ({signal_name(self.signal)})"
-        return f"{who} exited with code {self.exit_code}"
-
-    def to_json(self) -> bytes:
-        """One line of JSON (wire.FAILURE records): any size, any characters."""
-        text = json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
-        return text.encode("utf-8", errors="backslashreplace") + b"\n"
-
-    @classmethod
-    def from_json(cls, line: bytes) -> RankFailure | None:
-        try:
-            data = json.loads(line)
-            return cls(
-                rank=data.get("rank"),
-                host=data.get("host"),
-                exit_code=data.get("exit_code"),
-                signal=data.get("signal"),
-                stderr_tail=str(data.get("stderr_tail") or ""),
-            )
-        except (ValueError, TypeError, AttributeError):
-            return None
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def without_noise(text: str) -> str:

@@ -12,29 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from smhvd.wire import RankStart
+
 FILE_NAME = "job-summary.json"
-
-
-@dataclass(frozen=True)
-class RankStart:
-    rank: int | None
-    host: str | None
-    at: float  # wall clock (time.time()) when the rank wrapper started the script
-
-    def to_json(self) -> bytes:
-        """One line of JSON (wire.START records)."""
-        return json.dumps(asdict(self), separators=(",", ":")).encode() + b"\n"
-
-    @classmethod
-    def from_json(cls, line: bytes) -> RankStart | None:
-        try:
-            data = json.loads(line)
-            rank, host, at = data.get("rank"), data.get("host"), data.get("at")
-        except (ValueError, AttributeError):
-            return None
-        if not isinstance(at, int | float) or not (rank is None or isinstance(rank, int)):
-            return None
-        return cls(rank=rank, host=host if isinstance(host, str) else None, at=float(at))
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,11 @@ from smhvd.mpi.output import parse_mpirun_verdict
 from smhvd.mpi.supervisor import STOP_DUMP_WAIT, Dumps, Outcome, supervise
 from smhvd.proc.signals import SignalWatch
 from smhvd.report import failure, summary
-from smhvd.report.failure import RankFailure
 from smhvd.report.stacks import StackDumper
 from smhvd.roles import hostenv
 from smhvd.roles.peers import WorkerLink, close_all, connect_all
 from smhvd.roles.sshd import render_ssh_config, ssh_port
-from smhvd.wire import RANK_ARGV, SERVED
+from smhvd.wire import RANK_ARGV, SERVED, RankFailure
 
 log = logging.getLogger("smhvd")
 DUMP_LINE_LIMIT = 400  # of the failure file's 1024 characters, at most this much for a stack dump's summary
