@@ -12,7 +12,7 @@ maskrcnn-shapes: setup ## synthetic COCO shapes in build/shapes/{train,val} (for
 	$(PY) examples/maskrcnn/make_shapes.py --out build/shapes/train --n 64 --seed 1
 	$(PY) examples/maskrcnn/make_shapes.py --out build/shapes/val --n 16 --seed 2
 
-test-maskrcnn: setup ## the Mask R-CNN tests only (unit <1 min; np=2 integration ~6 min on 2 loaded cores)
+test-maskrcnn: setup ## the Mask R-CNN tests only (unit <1 min; np=2 integration ~13 min on 2 loaded cores, 5 min CPU)
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests/examples/maskrcnn
 
 bench-maskrcnn: setup ## CPU s/step (tiny, coco) and an overfit run to bbox AP >= 0.5 on shapes (~17 min)
