@@ -43,7 +43,7 @@ def test_the_programs_argv_travels_in_the_environment_not_on_mpiruns_command_lin
     assert env["PATH"] == "/bin" and set(env) == {"PATH", RANK_ARGV}
     plan = MpiPlan(2, Path("/h"), Path("/w"), tuple(command), forward=(RANK_ARGV,))
     argv = build_mpirun_argv(plan)
-    assert argv[-3:] == command and argv[argv.index(RANK_ARGV) - 1] == "-x"
+    assert argv[-4:] == command and argv[argv.index(RANK_ARGV) - 1] == "-x"
     assert ":" not in argv and "--app" not in argv
     received = dict(env)
     assert program_argv([], received) == HOSTILE_ARGV
