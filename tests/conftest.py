@@ -28,6 +28,10 @@ REPO = Path(__file__).resolve().parent.parent
 TRAIN = Path(sys.executable).parent / "train"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.import_plugin("support.tiers")  # lists unit tests that start processes (tiers.py)
+
+
 @dataclass
 class TrainJob:
     paths: SageMakerPaths
