@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import re
 import struct
 from pathlib import Path
@@ -11,6 +12,7 @@ from types import ModuleType
 import mnist_data
 import numpy as np
 import pytest
+from mnist_helpers import SCRIPT_DIR
 
 # ---- data ------------------------------------------------------------------------------------------------
 
@@ -195,3 +197,17 @@ def test_bad_arguments_exit_2_with_a_clear_message(
         train_mnist.parse_args(argv, {})
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_the_argument_table_of_docs_mnist_md_is_the_scripts(train_mnist: ModuleType) -> None:
+    text = (SCRIPT_DIR.parents[1] / "docs" / "mnist.md").read_text()
+    lines = text.split("| argument | default | meaning |\n", 1)[1].splitlines()[1:]
+    rows = {}
+    for line in itertools.takewhile(lambda row: row.startswith("|"), lines):
+        name, default, _meaning = (cell.strip().strip("`") for cell in line.strip("|").split(" | ", 2))
+        rows[name.removeprefix("--").replace("-", "_")] = default
+    defaults = vars(train_mnist.parse_args([], {}))
+    assert sorted(rows) == sorted(defaults)  # every argument, no other
+    literal = {key: value for key, value in rows.items() if not value.startswith("$")}  # $SM_*: see above
+    assert literal == {key: "one pass" if defaults[key] is None else str(defaults[key]) for key in literal}
