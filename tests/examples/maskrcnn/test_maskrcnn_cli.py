@@ -60,3 +60,13 @@ def test_script_rejects_bad_input_with_one_line(tmp_path: Path, shapes: Path, mo
         assert message in err and len(err.splitlines()) == 1, (argv, err)
     assert not (tmp_path / "ml").exists()  # nothing half-done
     assert tf.executing_eagerly()  # bad input is rejected before any process-wide TensorFlow switch
+
+
+def test_evaluation_while_training_follows_tensorpacks_eval_period() -> None:
+    """tensorpack evaluates after every EVAL_PERIOD-th epoch and after the last one; here the last one is left
+    to the evaluation after training when that runs, and a resumed job starts counting at its first epoch."""
+    assert train_maskrcnn.eval_epochs(0, 1, 10, final_eval=False) == ()
+    assert train_maskrcnn.eval_epochs(50, 1, 360, final_eval=False) == (*range(50, 351, 50), 360)
+    assert train_maskrcnn.eval_epochs(2, 1, 6, final_eval=True) == (2, 4)
+    assert train_maskrcnn.eval_epochs(2, 1, 6, final_eval=False) == (2, 4, 6)
+    assert train_maskrcnn.eval_epochs(2, 5, 9, final_eval=True) == (6, 8)
