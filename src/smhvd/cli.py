@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from smhvd.config.paths import SageMakerPaths
@@ -70,6 +71,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def chosen_level(given: int | None, env: Mapping[str, str]) -> int | None:
+    """The level asked for when `train` starts: `--log-level`, else SMHVD_LOG_LEVEL; None when neither says
+    (the job's sagemaker_container_log_level then applies, else INFO). ConfigError for a bad variable."""
+    if given is not None:
+        return given
+    raw = env.get("SMHVD_LOG_LEVEL", "").strip()
+    if not raw:
+        return None
+    try:
+        return log_level(raw)
+    except ValueError:
+        raise ConfigError("environment", "SMHVD_LOG_LEVEL", LOG_LEVEL_EXPECTED, raw) from None
+
+
 def set_level(level: int) -> None:
     """The launcher's log level; 0 (logging.NOTSET) logs every record, as it does on Python's root logger (on
     a named logger NOTSET would defer to the root's WARNING: the lowest level would show the least)."""
@@ -97,33 +112,37 @@ def _main(argv: list[str]) -> int:
         args = parse_args(argv)
     except SystemExit as exc:  # argparse already printed the usage line
         return EX_USAGE if exc.code else 0
-    configure_logging(logging.INFO if args.log_level is None else args.log_level)
+    bad_level: ConfigError | None = None
+    try:
+        level = chosen_level(args.log_level, os.environ)
+    except ConfigError as exc:  # reported below, once the log and the failure file can say it
+        level, bad_level = None, exc
+    configure_logging(logging.INFO if level is None else level)
     paths = SageMakerPaths(args.base_dir) if args.base_dir else SageMakerPaths.from_env()
     if args.base_dir:
         os.environ["SAGEMAKER_BASE_DIR"] = str(args.base_dir)
+    if bad_level is not None:
+        return _failed(paths, bad_level)
     try:
-        level = args.log_level
-        if level is None and (env_level := os.environ.get("SMHVD_LOG_LEVEL", "").strip()):
-            try:
-                level = log_level(env_level)
-            except ValueError:
-                raise ConfigError("environment", "SMHVD_LOG_LEVEL", LOG_LEVEL_EXPECTED, env_level) from None
-            set_level(level)
         from .launch import launch  # imported here so that `train --help` is instant
 
-        return launch(paths, log_level_from_job=level is None)
+        return launch(paths, job_log_level=set_level if level is None else None)
     except (Stopped, StopRequested) as exc:
         log.warning("%s", exc)
         failure.write_failure(paths.failure_file, failure.compose(str(exc)))
         return exc.exit_code
     except LauncherError as exc:
-        log.error("%s", exc)
-        failure.write_failure(paths.failure_file, failure.compose(str(exc)))
-        return exc.exit_code
+        return _failed(paths, exc)
     except Exception as exc:  # an internal error must still leave a reason for SageMaker
         log.exception("internal error")
         failure.write_failure(paths.failure_file, failure.compose(f"launcher internal error: {exc!r}"))
         return EX_SOFTWARE
+
+
+def _failed(paths: SageMakerPaths, exc: LauncherError) -> int:
+    log.error("%s", exc)
+    failure.write_failure(paths.failure_file, failure.compose(str(exc)))
+    return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from smhvd.config import sdk_v3
@@ -95,7 +95,9 @@ def step(what: str) -> Iterator[None]:
         raise StopRequested(f"{exc}, during {what} ({time.monotonic() - started:.1f}s in)") from None
 
 
-def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
+def launch(paths: SageMakerPaths, *, job_log_level: Callable[[int], object] | None = None) -> int:
+    """`job_log_level`: how the job's own log level (the SDK's sagemaker_container_log_level) is applied;
+    None when `train` was given one (--log-level, SMHVD_LOG_LEVEL), which wins."""
     started_at = time.time()
     v3 = sdk_v3.load(paths)  # SDK v3 ModelTrainer(source_code=...): its sm_drivers channel says what to run
     if v3 is not None and v3.unsupported:  # v3's own driver runs it: decided here, before anything else
@@ -104,9 +106,8 @@ def launch(paths: SageMakerPaths, *, log_level_from_job: bool = False) -> int:
         os.execve(argv[0], argv, env)  # noqa: S606 (v3's own command)
     job = load_job(paths, v3=v3)  # from here on, one job whichever SDK wrote the files
     hostenv.fetch_timeout(os.environ)  # the ranks' wait for their environment: a bad value is 78 here
-    if log_level_from_job and job.options.program.log_level is not None:
-        # The SDK's container_log_level (logging.DEBUG=10, ...), unless SMHVD_LOG_LEVEL says otherwise.
-        log.setLevel(job.options.program.log_level)
+    if job_log_level is not None and job.options.program.log_level is not None:
+        job_log_level(job.options.program.log_level)  # the SDK's container_log_level (logging.DEBUG=10, ...)
     log.debug(
         "job: host %s of %s, %d process(es) per host, %d cpu(s), %d gpu(s)",
         job.resources.current_host,

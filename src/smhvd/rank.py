@@ -45,7 +45,8 @@ from smhvd.roles.sshd import ssh_port
 from smhvd.wire import OUTPUT_CHANNEL, RANK_ARGV, RECORDS, SERVED, TAG_OUTPUT, RankFailure, RankStart
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Stop requests (SageMaker's SIGTERM that mpirun passes on, Ctrl-C): a program they end exits cleanly.
+STOP_REQUESTS = (signal.SIGTERM, signal.SIGINT)
 TAIL_BYTES = 8192
 
 
@@ -168,7 +169,7 @@ def run(program: list[str]) -> int:
 
     def forward(signum: int, _frame: object) -> None:
         nonlocal stop_requested
-        if signum in STOP_SIGNALS:
+        if signum in STOP_REQUESTS:
             stop_requested = True
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
@@ -212,7 +213,7 @@ def run(program: list[str]) -> int:
     # mpirun would wait for) is killed now. This wrapper is their subreaper, so daemons are found too.
     kill_descendants()
 
-    if code == 0 or (stop_requested and -code in STOP_SIGNALS):
+    if code == 0 or (stop_requested and -code in STOP_REQUESTS):
         return 0
     failure = RankFailure(
         rank=rank,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from smhvd.proc.processes import reap_orphans
+from smhvd.proc.stopping import STOP_SIGNALS
 
 WATCHED = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1)  # USR1: stack dumps
 
@@ -80,4 +81,4 @@ class SignalWatch:
 
 
 def is_stop(sig: int) -> bool:
-    return sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    return sig in STOP_SIGNALS
