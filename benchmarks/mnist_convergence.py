@@ -31,30 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from smhvd_dev.plain_mpi import script_argv
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT_DIR = REPO / "examples" / "mnist"
 SCRIPT = REPO / "benchmarks" / "mnist_measure.py"  # train_mnist.py with per-epoch timings
 RESULTS = REPO / "build" / "bench" / "mnist_convergence.json"
-
-
-def script_argv(processes: int, args: list[str]) -> list[str]:
-    if processes == 1:
-        return [sys.executable, str(SCRIPT), *args]
-    return [
-        "mpirun",
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-        str(processes),
-        "--bind-to",
-        "none",
-        "--mca",
-        "mpi_yield_when_idle",
-        "1",
-        sys.executable,
-        str(SCRIPT),
-        *args,
-    ]
 
 
 def run_script(processes: int, args: list[str], workdir: Path) -> tuple[float, list[dict[str, float]], dict]:
@@ -67,7 +49,12 @@ def run_script(processes: int, args: list[str], workdir: Path) -> tuple[float, l
         env.setdefault(name, share)
     started = time.monotonic()
     result = subprocess.run(
-        script_argv(processes, args), env=env, capture_output=True, text=True, timeout=3600, check=False
+        script_argv(SCRIPT, args, processes),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
     )
     wall = time.monotonic() - started
     if result.returncode != 0:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smhvd.config.paths import SageMakerPaths
+from smhvd_dev import plain_mpi
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT_DIR = REPO / "examples" / "mnist"
@@ -46,21 +47,7 @@ class Job(SageMakerPaths):
 
 
 def mpirun_argv(processes: int, script_args: Sequence[str], script: Path = SCRIPT) -> list[str]:
-    return [
-        "mpirun",
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-        str(processes),
-        "--bind-to",
-        "none",
-        "--mca",
-        "mpi_yield_when_idle",
-        "1",
-        sys.executable,
-        str(script),
-        *script_args,
-    ]
+    return plain_mpi.mpirun_argv(processes, [sys.executable, str(script), *script_args])
 
 
 def run_script(
@@ -70,10 +57,11 @@ def run_script(
     extra_env: Mapping[str, str] | None = None,
     script: Path = SCRIPT,
 ) -> subprocess.CompletedProcess[str]:
-    if processes > 1:
-        argv = mpirun_argv(processes, script_args, script)
-    else:
-        argv = [sys.executable, str(script), *script_args]
     return subprocess.run(
-        argv, env=job.env(extra_env), capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False
+        plain_mpi.script_argv(script, script_args, processes),
+        env=job.env(extra_env),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
     )
