@@ -31,6 +31,12 @@ def test_encode_decode_round_trip_numpy_and_tf() -> None:
     weights = (10.0, 10.0, 5.0, 5.0)
     deltas = B.np_encode(boxes, refs, weights)
     np.testing.assert_allclose(B.np_decode(deltas, refs, weights), boxes, rtol=1e-4, atol=1e-3)
+    # By hand: a 6x6 box centred at (5, 7) against the 10x10 reference centred at (5, 5): centre shift
+    # (0, 2) / 10 x 10, scale log(6 / 10) x 5; a box twice the reference's size and shifted by half of it.
+    by_hand = B.np_encode(np.array([[2, 4, 8, 10], [0, 0, 20, 20]], np.float32),
+                          np.array([[0, 0, 10, 10]] * 2, np.float32), weights)  # fmt: skip
+    expected = [[0, 2, 5 * np.log(0.6), 5 * np.log(0.6)], [5, 5, 5 * np.log(2), 5 * np.log(2)]]
+    np.testing.assert_allclose(by_hand, expected, rtol=1e-6)
     tf_deltas, tf_back = run_graph(
         lambda: (B.tf_encode(tf.constant(boxes), tf.constant(refs), weights),
                  B.tf_decode(tf.constant(deltas), tf.constant(refs), weights))
@@ -100,6 +106,12 @@ def test_graph_anchors_equal_numpy_anchors() -> None:
         )
     )
     np.testing.assert_allclose(tf_anchors, B.np_anchors(160, 224, sizes, ratios), atol=1e-4)
+    # By hand: P2..P6 of a 160x224 image have 40x56, 20x28, 10x14, 5x7 and 3x4 cells, 3 anchors each; the
+    # first cell's are centred at (0, 0) with area 32^2 and height/width 0.5, 1, 2.
+    assert len(tf_anchors) == 3 * (40 * 56 + 20 * 28 + 10 * 14 + 5 * 7 + 3 * 4)
+    r = 32 / np.sqrt(2) / 2
+    first = [[-2 * r, -r, 2 * r, r], [-16, -16, 16, 16], [-r, -2 * r, r, 2 * r]]
+    np.testing.assert_allclose(tf_anchors[:3], first, rtol=1e-5)
 
 
 def test_reference_nms_keeps_the_best_of_each_overlapping_group() -> None:
