@@ -69,7 +69,8 @@ def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) ->
     paths = job.paths
     hps = job.user_hyperparameters
     channels = {c.name: str(paths.channel_dir(c.name)) for c in job.channels}
-    log_level = job.options.program.log_level or 20
+    given = job.options.program.log_level  # 0 (logging.NOTSET) is a level, not a missing one
+    log_level = 20 if given is None else given
     summary: dict[str, object] = {
         "channel_input_dirs": channels,
         "current_host": job.resources.current_host,

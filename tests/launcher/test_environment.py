@@ -96,3 +96,12 @@ def test_cross_file_validation(tmp_path):
         ConfigError, match=r"network_interface_name: expected an interface of this host \(eth0, lo\)"
     ):
         validate_job(multi, {"lo", "eth0"})
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [({}, 20), ({"sagemaker_container_log_level": 10}, 10), ({"sagemaker_container_log_level": 0}, 0)],
+)
+def test_sm_log_level_is_the_sdks_container_log_level_0_included(tmp_path, given, expected):
+    env = training_env(make_job(tmp_path, given), tmp_path / "code", "train.py", "")
+    assert (env["SM_LOG_LEVEL"], json.loads(env["SM_TRAINING_ENV"])["log_level"]) == (str(expected), expected)
