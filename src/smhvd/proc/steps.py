@@ -131,24 +131,31 @@ def private_tmpdir(parent: Path | None = None) -> Iterator[Path]:
     remove_abandoned(parent)
     name = f"{TMPDIR_PREFIX}{secrets.token_hex(8)}"
     making, path = parent / f".{name}", parent / name
-    made = False
     try:
         making.mkdir(mode=0o700)
-        made = True
-        held = os.open(making, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:  # not a FileNotFoundError: to the callers that means "no such program"
-        if made:
-            _remove(making)
-        raise OSError(f"cannot create the step's temporary directory in {parent}: {exc}") from None
+    except OSError as exc:
+        raise _cannot_create(parent, exc) from None
+    held = -1
     try:
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        making.rename(path)
+        try:
+            held = os.open(making, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            with contextlib.suppress(OSError):  # a file system without locks: nothing is swept there either
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            making.rename(path)
+        except OSError as exc:
+            raise _cannot_create(parent, exc) from None
         yield path
     finally:
         try:
             _remove(path, making)
         finally:
-            os.close(held)  # the lock goes with it
+            if held >= 0:
+                os.close(held)  # the lock goes with it
+
+
+def _cannot_create(parent: Path, exc: OSError) -> OSError:
+    """Not a FileNotFoundError: to run_step's callers that means "no such program"."""
+    return OSError(f"cannot create the step's temporary directory in {parent}: {exc}")
 
 
 def remove_abandoned(parent: Path) -> list[Path]:
