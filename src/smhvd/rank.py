@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import selectors
 import signal
 import socket
 import subprocess
@@ -33,13 +32,14 @@ from collections.abc import Callable, Mapping, MutableMapping
 from smhvd import wire
 from smhvd.errors import EX_NOT_STARTED, EX_UNAVAILABLE, EX_USAGE, LauncherError, exit_status
 from smhvd.proc.lines import Lines, Out, tag, write_all
+from smhvd.proc.loop import follow_output
 from smhvd.proc.processes import (
     ancestors,
     become_subreaper,
-    drain_pipe,
     kill_descendants,
     rank_program_preexec,
 )
+from smhvd.proc.timers import Timers
 from smhvd.roles import hostenv
 from smhvd.roles.sshd import ssh_port
 from smhvd.wire import OUTPUT_CHANNEL, RANK_ARGV, RECORDS, SERVED, TAG_OUTPUT, RankFailure, RankStart
@@ -73,35 +73,34 @@ def follow(
     on_due: Callable[[], object] = lambda: None,
 ) -> None:
     """Pass the program's stdout and stderr to `on_output(fd, chunk)` as they come, and call `on_due` once
-    `next_due()` (time.monotonic()) has come, until the program exits: not until every copy of its pipes
-    closes (a child it left running may hold them and write forever). Then what is already in the pipes,
-    bounded."""
-    fds = {f.fileno() for f in (proc.stdout, proc.stderr) if f is not None}
-    exited = os.pidfd_open(proc.pid)
-    try:
-        with selectors.DefaultSelector() as sel:
-            for fd in fds:
-                sel.register(fd, selectors.EVENT_READ)
-            sel.register(exited, selectors.EVENT_READ)
-            while True:
-                due = next_due()
-                timeout = None if due is None else max(0.0, due - time.monotonic())
-                ready = {key.fd for key, _ in sel.select(timeout)}
-                if exited in ready:
-                    break
-                for fd in sorted(ready & fds):
-                    chunk = os.read(fd, 65536)
-                    if chunk:
-                        on_output(fd, chunk)
-                    else:
-                        sel.unregister(fd)
-                        fds.discard(fd)
-                on_due()
-    finally:
-        os.close(exited)
-    for fd in sorted(fds):
-        for chunk in drain_pipe(fd):
-            on_output(fd, chunk)
+    `next_due()` (time.monotonic()) has come, until the program exits (proc/loop.follow_output: not until
+    every copy of its pipes closes), then what is already in the pipes, bounded."""
+    timers = Timers()
+    armed: float | None = None  # the deadline the timer is set for
+
+    def arm() -> None:
+        nonlocal armed
+        due = next_due()
+        if due == armed:
+            return
+        armed = due
+        if due is None:
+            timers.cancel("due")
+        else:
+            timers.at("due", due, fire)
+
+    def fire() -> None:
+        nonlocal armed
+        armed = None
+        on_due()
+        arm()
+
+    def output(fd: int, chunk: bytes) -> None:
+        on_output(fd, chunk)
+        arm()
+
+    fds = [f.fileno() for f in (proc.stdout, proc.stderr) if f is not None]
+    follow_output(proc.pid, fds, output, timers)
 
 
 class Sink:

@@ -16,7 +16,11 @@ class Timers:
 
     def after(self, name: str, delay: float, callback: Callable[[], object]) -> None:
         """Call `callback` `delay` seconds from now; replaces the timer of that name if there is one."""
-        self._due[name] = (self.clock() + delay, callback)
+        self.at(name, self.clock() + delay, callback)
+
+    def at(self, name: str, when: float, callback: Callable[[], object]) -> None:
+        """Call `callback` once the clock reads `when`; replaces the timer of that name if there is one."""
+        self._due[name] = (when, callback)
 
     def every(self, name: str, interval: float, callback: Callable[[], object]) -> None:
         """Call `callback` every `interval` seconds, the first time `interval` from now."""
@@ -43,6 +47,8 @@ class Timers:
     def fire_due(self) -> None:
         """Call every callback whose deadline has come, earliest first, each once (it is removed before it
         runs, so that it may set itself again)."""
+        if not self._due:
+            return
         now = self.clock()
         for name, entry in sorted(self._due.items(), key=lambda item: item[1][0]):
             if entry[0] <= now and self._due.get(name) is entry:  # not cancelled or set again meanwhile

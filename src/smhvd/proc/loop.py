@@ -1,0 +1,141 @@
+"""One event loop for the launcher's waits: readable files (pipes, sockets, the SignalWatch fd), process exits
+(a pidfd each: no SIGCHLD handler, no polling) and timers (timers.Timers), all waited for in one select.
+
+A wait registers what it reacts to, each with a callback, and runs the loop until a callback calls `stop()`.
+Each round fires the timers that are due, then waits for the next event (at most until the next timer) and
+calls each ready file's callback. Once `stop()` was called nothing more is handled: neither the rest of the
+round's events nor due timers (as the hand-written loops it replaces returned at once).
+
+Used by the rank wrapper's "read this process's output until it exits" (`follow_output`, with its progress
+timer). Not (yet) by the host environment's server (a thread of its own, roles/hostenv.py: it must answer
+ranks while the main thread is busy, before a role's loop runs) nor by the peers' connect loop
+(roles/peers.py: a step function under the one bounded wait, waking on ssh output and on TCP probes that
+block in a thread pool; on this loop the probes would be non-blocking connects).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import selectors
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Protocol
+
+from smhvd.proc.processes import drain_pipe
+from smhvd.proc.timers import Timers
+
+
+class HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
+File = int | HasFileno
+
+
+class Loop:
+    """A context manager: the pidfds it opened are closed when it ends."""
+
+    def __init__(self, timers: Timers | None = None) -> None:
+        self.timers = Timers() if timers is None else timers
+        self._sel = selectors.DefaultSelector()
+        self._pidfds: list[int] = []
+        self._stopped = False
+
+    def __enter__(self) -> Loop:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._sel.close()
+        for fd in self._pidfds:
+            os.close(fd)
+        self._pidfds.clear()
+
+    def reader(self, file: File, callback: Callable[[], object]) -> None:
+        """Call `callback` whenever `file` is readable (also at its end: the callback reads b"" and may
+        `forget` it)."""
+        self._sel.register(file, selectors.EVENT_READ, callback)
+
+    def forget(self, file: File) -> None:
+        self._sel.unregister(file)
+
+    def exit_of(self, pid: int, callback: Callable[[], object]) -> None:
+        """Call `callback` when the child `pid` has exited (it stays a zombie until its owner reaps it)."""
+        fd = os.pidfd_open(pid)
+        self._pidfds.append(fd)
+        self._sel.register(fd, selectors.EVENT_READ, callback)
+
+    def stop(self) -> None:
+        """End `run` once the running callback returns."""
+        self._stopped = True
+
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def run(self) -> None:
+        """Handle timers and events until a callback calls `stop()`. What a callback raises ends the loop and
+        is raised here."""
+        self._stopped = False
+        while self._round():
+            pass
+
+    def _round(self) -> bool:
+        """Fire the due timers, then handle the next events; False once stopped."""
+        self.timers.fire_due()
+        if self.stopped():
+            return False
+        for key, _ in self._sel.select(self.timers.timeout()):
+            if self._sel.get_map().get(key.fd) is not key:  # forgotten by a callback of this round
+                continue
+            key.data()
+            if self.stopped():
+                return False
+        return True
+
+
+def follow_output(
+    pid: int,
+    fds: Iterable[int],
+    on_output: Callable[[int, bytes], object],
+    timers: Timers | None = None,
+    deadline: float | None = None,
+) -> bool:
+    """Pass what the process `pid` writes to the pipes `fds` to `on_output(fd, chunk)` as it comes, until the
+    process exits: not until every copy of its pipes closes (a child it left running may hold them and write
+    forever); then what is already in the pipes, bounded, and True. False when `deadline` (the timers' clock)
+    came first. `timers`: what else the wait does meanwhile."""
+    open_fds = set(fds)
+    exited = False
+    with Loop(timers) as loop:
+
+        def read(fd: int) -> None:
+            chunk = os.read(fd, 65536)
+            if chunk:
+                on_output(fd, chunk)
+            else:
+                loop.forget(fd)
+                open_fds.discard(fd)
+
+        def exit_() -> None:
+            nonlocal exited
+            exited = True
+            loop.stop()
+
+        for fd in sorted(open_fds):
+            loop.reader(fd, functools.partial(read, fd))
+        loop.exit_of(pid, exit_)
+        if deadline is not None:
+            loop.timers.at("deadline", deadline, loop.stop)
+        loop.run()
+        if deadline is not None:
+            loop.timers.cancel("deadline")
+    if exited:
+        for fd in sorted(open_fds):
+            for chunk in drain_pipe(fd):
+                on_output(fd, chunk)
+    return exited

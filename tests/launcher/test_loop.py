@@ -1,0 +1,109 @@
+"""The launcher's one event loop (proc/loop.py) with real pipes and processes: a process's output is followed
+until it exits (not until a child it left holds its pipe closed), a deadline ends the wait, and once a
+callback stops the loop nothing more is handled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from smhvd.proc.loop import Loop, follow_output
+from smhvd.proc.timers import Timers
+
+# Writes to both streams, leaves a child holding them open (writing nothing), and exits.
+LEAVES_A_CHILD = (
+    "import subprocess, sys\n"
+    "subprocess.Popen(['sleep', '300'])\n"
+    "sys.stdout.write('out\\n' * 1000); sys.stderr.write('err\\n')\n"
+)
+
+
+def start(code: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+
+
+def end(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, 9)
+    proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        assert stream is not None
+        stream.close()
+
+
+@pytest.mark.integration
+def test_output_is_followed_until_the_process_exits_not_until_its_pipes_close() -> None:
+    proc = start(LEAVES_A_CHILD)
+    assert proc.stdout is not None and proc.stderr is not None
+    got: dict[int, bytes] = {proc.stdout.fileno(): b"", proc.stderr.fileno(): b""}
+
+    def keep(fd: int, chunk: bytes) -> None:
+        got[fd] += chunk
+
+    try:
+        started = time.monotonic()
+        assert follow_output(proc.pid, list(got), keep) is True
+        assert time.monotonic() - started < 60  # the sleeping child still holds both pipes: only a hang
+        assert got == {proc.stdout.fileno(): b"out\n" * 1000, proc.stderr.fileno(): b"err\n"}
+    finally:
+        end(proc)
+
+
+@pytest.mark.integration
+def test_a_deadline_ends_the_wait_and_timers_run_meanwhile() -> None:
+    proc = start("import time; print('started', flush=True); time.sleep(300)")
+    assert proc.stdout is not None
+    timers = Timers()
+    ticks: list[float] = []
+    timers.every("tick", 0.05, lambda: ticks.append(time.monotonic()))
+    try:
+        exited = follow_output(
+            proc.pid, [proc.stdout.fileno()], lambda _fd, _chunk: None, timers, time.monotonic() + 0.5
+        )
+        assert exited is False
+        assert proc.poll() is None  # the wait ended; the process is its owner's to end
+        assert len(ticks) >= 2
+    finally:
+        end(proc)
+
+
+def test_nothing_is_handled_after_stop_and_a_forgotten_file_is_skipped() -> None:
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    os.write(w1, b"x")
+    os.write(w2, b"x")
+    calls: list[str] = []
+    try:
+        with Loop() as loop:
+
+            def first() -> None:  # whichever the selector hands out first ends the loop
+                calls.append("stop")
+                loop.stop()
+
+            loop.reader(r1, first)
+            loop.reader(r2, first)
+            loop.timers.after("late", 0, lambda: calls.append("timer"))
+            loop.run()  # the timer, due at once, fires before the first wait
+        assert calls == ["timer", "stop"]
+
+        calls.clear()
+        with Loop() as loop:
+
+            def forget_other(mine: int, other: int) -> None:
+                calls.append("read")
+                os.read(mine, 1)
+                loop.forget(other)
+                loop.timers.after("end", 0.05, loop.stop)
+
+            loop.reader(r1, lambda: forget_other(r1, r2))
+            loop.reader(r2, lambda: forget_other(r2, r1))
+            loop.run()
+        assert calls == ["read"]
+    finally:
+        for fd in (r1, w1, r2, w2):
+            os.close(fd)
