@@ -19,10 +19,16 @@ import pytest
 
 from smhvd.config.paths import SageMakerPaths
 from smhvd_dev.mltree import write_ml_tree
-from support.cluster import cluster_tools, code_dir, make_cluster
+from support.cluster import cluster_tools, code_dir, launch, make_cluster
 from support.s3 import s3_port
 
-__all__ = ["cluster_tools", "code_dir", "make_cluster", "s3_port"]  # fixtures, registered by this import
+__all__ = [
+    "cluster_tools",
+    "code_dir",
+    "launch",
+    "make_cluster",
+    "s3_port",
+]  # fixtures, registered by this import
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = Path(sys.executable).parent / "train"

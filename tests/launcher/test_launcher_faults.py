@@ -7,77 +7,20 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Protocol
 
 import pytest
 
-from smhvd_sim import Cluster, ClusterSpec
 from smhvd_sim.jobs import HostProcess
-from smhvd_sim.system import wait_for
+from support.cluster import JOB_HOSTS, Launch, wait_ranks_running
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
-HOSTS = ("algo-1", "algo-2")
-RANKS_TIMEOUT = 60.0  # train start -> both ranks running, on a loaded machine
-
-
-def _hp(value: object) -> str:
-    return json.dumps(value)
-
-
-class Launch(Protocol):
-    def __call__(
-        self, mode: str, down: tuple[str, ...] = (), **hyperparameters: object
-    ) -> tuple[Cluster, dict[str, HostProcess]]: ...
-
-
-@pytest.fixture
-def launch(cluster_tools: None, tmp_path: Path, code_dir: Path) -> Iterator[Launch]:
-    """launch(mode, down=(), **hyperparameters) -> (cluster, {host: HostProcess}): `train` started on
-    every host not in `down`; the cluster is torn down (and checked) after the test."""
-    clusters: list[Cluster] = []
-
-    def start(
-        mode: str, down: tuple[str, ...] = (), **hyperparameters: object
-    ) -> tuple[Cluster, dict[str, HostProcess]]:
-        spec = ClusterSpec(
-            hosts=2,
-            workdir=tmp_path / "cluster",
-            code_dir=code_dir,
-            hyperparameters={"sagemaker_program": _hp("probe_job.py"), "mode": _hp(mode)}
-            | {key: _hp(value) for key, value in hyperparameters.items()},
-        )
-        cluster = Cluster(spec)
-        clusters.append(cluster)
-        cluster.up()
-        exited = threading.Event()
-        processes = {
-            host: cluster.start(host, ["train"], exited=exited, end_host_on_exit=True)
-            for host in HOSTS
-            if host not in down
-        }
-        return cluster, processes
-
-    yield start
-    for cluster in clusters:
-        cluster.down()
-        assert cluster.leftovers() == []
+HOSTS = JOB_HOSTS
 
 
 def wait_all(processes: dict[str, HostProcess], timeout: float) -> dict[str, int]:
     return {host: process.wait(timeout) for host, process in processes.items()}
-
-
-def wait_ranks_running(cluster: Cluster, count: int = 2) -> None:
-    def running() -> bool | None:
-        found = [p for host in HOSTS for p in (cluster.ml_dir(host) / "output" / "data").glob("rank-*.json")]
-        return True if len(found) >= count else None
-
-    wait_for(running, f"{count} ranks of the probe job to run", RANKS_TIMEOUT)
 
 
 def log_of(processes: dict[str, HostProcess], host: str) -> str:

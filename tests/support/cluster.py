@@ -4,11 +4,14 @@ ssh options."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -113,3 +116,72 @@ def make_cluster(cluster_tools: None, tmp_path: Path) -> Iterator[MakeCluster]:
     for cluster in clusters:
         cluster.down()
         assert cluster.leftovers() == []
+
+
+JOB_HOSTS = ("algo-1", "algo-2")
+
+
+class Launch(Protocol):
+    def __call__(
+        self,
+        mode: str,
+        down: tuple[str, ...] = (),
+        env: Mapping[str, Mapping[str, str]] | None = None,
+        **hyperparameters: object,
+    ) -> tuple[Cluster, dict[str, HostProcess]]: ...
+
+
+@pytest.fixture
+def launch(cluster_tools: None, tmp_path: Path, code_dir: Path) -> Iterator[Launch]:
+    """launch(mode, down=(), env={host: variables}, **hyperparameters) -> (cluster, {host: HostProcess}):
+    `train` started on each of 2 hosts not in `down` (with that host's extra variables), the probe job
+    (probe_job.py) in `mode`, SDK-encoded hyperparameters; the cluster is torn down (and checked) after."""
+    clusters: list[Cluster] = []
+
+    def start(
+        mode: str,
+        down: tuple[str, ...] = (),
+        env: Mapping[str, Mapping[str, str]] | None = None,
+        **hyperparameters: object,
+    ) -> tuple[Cluster, dict[str, HostProcess]]:
+        spec = ClusterSpec(
+            hosts=len(JOB_HOSTS),
+            workdir=tmp_path / "cluster",
+            code_dir=code_dir,
+            hyperparameters={"sagemaker_program": json.dumps("probe_job.py"), "mode": json.dumps(mode)}
+            | {key: json.dumps(value) for key, value in hyperparameters.items()},
+        )
+        cluster = Cluster(spec)
+        clusters.append(cluster)
+        cluster.up()
+        exited = threading.Event()
+        processes = {
+            host: cluster.start(
+                host, ["train"], env=(env or {}).get(host), exited=exited, end_host_on_exit=True
+            )
+            for host in JOB_HOSTS
+            if host not in down
+        }
+        return cluster, processes
+
+    yield start
+    for cluster in clusters:
+        cluster.down()
+        assert cluster.leftovers() == []
+
+
+RANKS_TIMEOUT = 60.0  # train start -> the probe job's ranks running, on a loaded machine
+
+
+def wait_ranks_running(cluster: Cluster, count: int = 2) -> None:
+    """Until `count` ranks of the probe job wrote their record (they run)."""
+
+    def running() -> bool | None:
+        found = [
+            path
+            for host in JOB_HOSTS
+            for path in (cluster.ml_dir(host) / "output" / "data").glob("rank-*.json")
+        ]
+        return True if len(found) >= count else None
+
+    wait_for(running, f"{count} ranks of the probe job to run", RANKS_TIMEOUT)
