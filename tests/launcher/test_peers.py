@@ -1,16 +1,17 @@
 """The leader reaching its workers (roles/peers.py), with real processes standing in for the ssh sessions
-(`command`) and a probe standing in for the TCP check of each worker's sshd port: every worker is reached
-at once, none is tried before its port answers, one that never comes up is named, and closing hangs up on
-every worker before waiting for any."""
+(`command`) and the real TCP check of each worker's sshd port (a listening socket per worker): every worker is
+reached at once, none is tried before its port answers, one that never comes up is named, and closing hangs up
+on every worker before waiting for any."""
 
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -60,14 +61,49 @@ def relay(marks: Path, together: str = "") -> Callable[[str], list[str]]:
     return command
 
 
-def always_open(_host: str, _port: int, _timeout: float) -> str | None:
-    return None
+# Each worker's sshd port is a real listening socket on a loopback address of its own, and the probe is the
+# real port_open on that address (the names algo-N do not resolve here). The sessions are stand-ins for ssh
+# (RELAY): the real ssh path runs in the cluster tier (test_launcher_faults.py).
+ADDRESSES = {host: f"127.0.0.{index}" for index, host in enumerate(HOSTS, start=2)}
 
 
-def test_every_worker_is_reached_at_once(tmp_path: Path) -> None:
+class SshPorts:
+    def __init__(self) -> None:
+        self.listening: dict[str, socket.socket] = {}
+        with socket.socket() as free:
+            free.bind((ADDRESSES[HOSTS[0]], 0))
+            self.port = int(free.getsockname()[1])
+
+    def open(self, *hosts: str) -> None:
+        for host in hosts:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((ADDRESSES[host], self.port))
+            sock.listen(16)
+            self.listening[host] = sock
+
+    def probe(self, host: str, port: int, timeout: float) -> str | None:
+        return port_open(ADDRESSES[host], port, timeout)
+
+    def close(self) -> None:
+        for sock in self.listening.values():
+            sock.close()
+
+
+@pytest.fixture
+def ports() -> Iterator[SshPorts]:
+    opened = SshPorts()
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def test_every_worker_is_reached_at_once(tmp_path: Path, ports: SshPorts) -> None:
     """No session waits for another to be ready: each relay is ready only once all four started."""
+    ports.open(*HOSTS)
     command = relay(tmp_path, together="start")
-    links = connect_all(HOSTS, tmp_path / "ssh_config", 22, 60, command=command, probe=always_open)
+    links = connect_all(HOSTS, tmp_path / "ssh_config", ports.port, 60, command=command, probe=ports.probe)
     try:
         assert [worker.host for worker in links] == HOSTS
     finally:
@@ -75,40 +111,47 @@ def test_every_worker_is_reached_at_once(tmp_path: Path) -> None:
     assert all(worker.proc.returncode == 0 for worker in links)
 
 
-def test_no_session_is_tried_before_the_workers_port_answers(tmp_path: Path) -> None:
+def test_no_session_is_tried_before_the_workers_port_answers(tmp_path: Path, ports: SshPorts) -> None:
+    """algo-3's sshd starts listening only after its port refused three probes."""
+    ports.open("algo-2", "algo-4", "algo-5")
     answers: Counter[str] = Counter()
     lock = threading.Lock()
 
-    def refused_three_times(host: str, port: int, _timeout: float) -> str | None:
+    def probe(host: str, port: int, timeout: float) -> str | None:
+        answer = ports.probe(host, port, timeout)
         with lock:
             answers[host] += 1
-            return f"port {port}: Connection refused" if host == "algo-3" and answers[host] <= 3 else None
+            if host == "algo-3" and answers[host] == 3:
+                assert answer == f"port {port}: Connection refused"
+                ports.open("algo-3")
+        return answer
 
-    links = connect_all(HOSTS, tmp_path / "c", 22, 60, command=relay(tmp_path), probe=refused_three_times)
+    links = connect_all(HOSTS, tmp_path / "c", ports.port, 60, command=relay(tmp_path), probe=probe)
     close_all(links)
     assert answers["algo-3"] == 4
     assert {host: len((tmp_path / f"tries-{host}").read_text()) for host in HOSTS} == dict.fromkeys(HOSTS, 1)
 
 
-def test_a_worker_that_never_comes_up_is_named_and_the_others_are_told(tmp_path: Path) -> None:
-    def algo_3_refuses(host: str, port: int, _timeout: float) -> str | None:
-        return f"port {port}: Connection refused" if host == "algo-3" else None
-
+def test_a_worker_that_never_comes_up_is_named_and_the_others_are_told(
+    tmp_path: Path, ports: SshPorts
+) -> None:
+    ports.open("algo-2", "algo-4", "algo-5")
     with pytest.raises(
-        PeerError, match=r"workers algo-2, algo-3.*algo-3: port 22: Connection refused"
+        PeerError, match=rf"workers algo-2, algo-3.*algo-3: port {ports.port}: Connection refused"
     ) as info:
-        connect_all(HOSTS, tmp_path / "c", 22, 2.0, command=relay(tmp_path), probe=algo_3_refuses)
+        connect_all(HOSTS, tmp_path / "c", ports.port, 2.0, command=relay(tmp_path), probe=ports.probe)
     assert "algo-2:" not in str(info.value).split("last:")[-1]  # only the missing host is blamed
     assert not (tmp_path / "tries-algo-3").exists()
     for host in ("algo-2", "algo-4", "algo-5"):  # the workers that were reached got the end and a hang-up
         assert (tmp_path / f"eof-{host}").exists()
 
 
-def test_closing_hangs_up_on_every_worker_before_waiting_for_any(tmp_path: Path) -> None:
+def test_closing_hangs_up_on_every_worker_before_waiting_for_any(tmp_path: Path, ports: SshPorts) -> None:
     """Each relay exits only once all four saw their input end: waiting for one before hanging up on the next
     would keep the first one waiting until close_all's deadline kills it (a non-zero exit)."""
+    ports.open(*HOSTS)
     links = connect_all(
-        HOSTS, tmp_path / "c", 22, 60, command=relay(tmp_path, together="eof"), probe=always_open
+        HOSTS, tmp_path / "c", ports.port, 60, command=relay(tmp_path, together="eof"), probe=ports.probe
     )
     close_all(links)
     assert all((tmp_path / f"eof-{host}").exists() for host in HOSTS)
