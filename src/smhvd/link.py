@@ -14,11 +14,11 @@ vanishes without closing anything, the heartbeats stop: the worker gives up afte
 from __future__ import annotations
 
 import os
-import selectors
 import sys
 
 from smhvd.errors import EX_UNAVAILABLE, HostEnvError
 from smhvd.proc import trust
+from smhvd.proc.loop import Loop
 from smhvd.proc.processes import ancestors
 from smhvd.proc.waiting import NotYet
 from smhvd.wire import READY
@@ -37,18 +37,23 @@ def relay(port: int) -> int:
         return EX_UNAVAILABLE
     sock.settimeout(None)
     os.write(1, READY)
-    sel = selectors.DefaultSelector()
-    sel.register(0, selectors.EVENT_READ)
-    sel.register(sock, selectors.EVENT_READ)
-    while True:
-        for key, _ in sel.select():
-            if key.fileobj == 0:
-                data = os.read(0, 65536)
-                if not data:  # the leader closed the session
-                    return 0
+    with Loop() as loop:
+
+        def from_leader() -> None:
+            data = os.read(0, 65536)
+            if data:
                 sock.sendall(data)
-            elif not sock.recv(4096):  # the worker launcher exited
-                return 0
+            else:  # the leader closed the session
+                loop.stop()
+
+        def from_worker() -> None:
+            if not sock.recv(4096):  # the worker launcher exited
+                loop.stop()
+
+        loop.reader(0, from_leader)
+        loop.reader(sock, from_worker)
+        loop.run()
+    return 0
 
 
 if __name__ == "__main__":
