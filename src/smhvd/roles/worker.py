@@ -8,9 +8,9 @@ EX_UNAVAILABLE when the link closes without one (the leader died).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
-import selectors
 import signal
 import socket
 import subprocess
@@ -23,6 +23,7 @@ from smhvd import wire
 from smhvd.config.job import Job
 from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, HostEnvError, PeerError, exit_status
 from smhvd.mpi.supervisor import stop_local_ranks
+from smhvd.proc.loop import Loop
 from smhvd.proc.processes import die_with_parent, kill_descendants
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.timers import Timers
@@ -89,19 +90,22 @@ class LinkWaiter:
         # leader's silence (set again by every word from it), and after a stop the grace for its verdict.
         self.timers = Timers(clock)
         self.verdict: Verdict | None = None
+        self.loop = Loop(self.timers)  # the one `wait` runs
 
     def wait(self, keep: list[int]) -> Verdict:
         self.timers.after("start", self.start_timeout, self._not_started)
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.server, selectors.EVENT_READ)
-            sel.register(self.watch.fileno(), selectors.EVENT_READ)
-            while self.verdict is None:
-                for key, _ in sel.select(self.timers.timeout()):
-                    verdict = self._handle(key.fileobj, sel, keep)
-                    if verdict is not None:
-                        return verdict
-                self.timers.fire_due()
+        with self.loop as loop:
+            loop.reader(self.server, self._accept)
+            loop.reader(self.watch, functools.partial(self._signals, keep))
+            loop.run()
+        assert self.verdict is not None
         return self.verdict
+
+    def _decide(self, verdict: Verdict | None) -> None:
+        """The wait ends with `verdict` (None: it goes on)."""
+        if verdict is not None:
+            self.verdict = verdict
+            self.loop.stop()
 
     def _not_started(self) -> None:
         raise PeerError(
@@ -110,42 +114,45 @@ class LinkWaiter:
         )
 
     def _leader_silent(self) -> None:
-        self.verdict = Verdict(
-            EX_UNAVAILABLE,
-            f"lost the leader {self.leader} during the job: no word from it for {self.silence_limit:g}s "
-            f"(leader host down or unreachable); see {self.leader}'s log",
+        self._decide(
+            Verdict(
+                EX_UNAVAILABLE,
+                f"lost the leader {self.leader} during the job: no word from it for {self.silence_limit:g}s "
+                f"(leader host down or unreachable); see {self.leader}'s log",
+            )
         )
 
     def _stop_grace_over(self) -> None:
-        self.verdict = Verdict(EX_STOPPED, "")
+        self._decide(Verdict(EX_STOPPED, ""))
 
     def _heard(self) -> None:
         if self.started and not self.stopping:
             self.timers.after("silence", self.silence_limit, self._leader_silent)
 
-    def _handle(self, obj: object, sel: selectors.BaseSelector, keep: list[int]) -> Verdict | None:
-        if obj is self.server:
-            conn, _ = self.server.accept()
-            if peer_credentials(conn)[1] == os.geteuid():
-                log.debug("link from the leader connected")
-                conn.setblocking(False)
-                self.buffers[conn] = b""
-                sel.register(conn, selectors.EVENT_READ)
-            else:
-                conn.close()
-            return None
-        if isinstance(obj, socket.socket):
-            return self._read(obj, sel)
+    def _accept(self) -> None:
+        conn, _ = self.server.accept()
+        if peer_credentials(conn)[1] == os.geteuid():
+            log.debug("link from the leader connected")
+            conn.setblocking(False)
+            self.buffers[conn] = b""
+            self.loop.reader(conn, functools.partial(self._receive, conn))
+        else:
+            conn.close()
+
+    def _receive(self, conn: socket.socket) -> None:
+        self._decide(self._read(conn))
+
+    def _signals(self, keep: list[int]) -> None:
         got = self.watch.receive(keep)
         if got.dump and self.on_dump is not None:
             self.on_dump("SIGUSR1")
         if got.stop is not None:
             verdict = self._stop(f"{signal.Signals(got.stop).name} received")
             if verdict is not None:
-                return verdict
+                self._decide(verdict)
+                return
         if got.child and self.on_child is not None:
-            return self.on_child()
-        return None
+            self._decide(self.on_child())
 
     def _stop(self, why: str) -> Verdict | None:
         """A stop (this host's SIGTERM, or the leader's `stop` event): this host's ranks get SIGTERM once,
@@ -162,11 +169,11 @@ class LinkWaiter:
         )
         return None
 
-    def _read(self, conn: socket.socket, sel: selectors.BaseSelector) -> Verdict | None:
+    def _read(self, conn: socket.socket) -> Verdict | None:
         data = conn.recv(65536)
         self._heard()
         if not data:
-            sel.unregister(conn)
+            self.loop.forget(conn)
             self.buffers.pop(conn, None)
             conn.close()
             if self.started:  # the leader's session closed mid-job without a verdict
