@@ -103,6 +103,7 @@ def escalation(running: list[bool]) -> tuple[Clock, Timers, HungAbort, list[tupl
         lambda: done.append((clock.now - 1000.0, "terminate")),
         lambda: done.append((clock.now - 1000.0, "kill")),
         timers,
+        lambda: done.append((clock.now - 1000.0, "give up")),  # the supervisor's loop.stop
     )
     return clock, timers, hung, done
 
@@ -112,8 +113,12 @@ def test_an_announced_abort_ends_a_hung_mpirun_step_by_step() -> None:
     hung.announced("ORTE has lost communication with a remote daemon")
     hung.announced("a second notice does not restart the grace")
     clock.run_until(timers, 1100.0)
-    assert done == [(ABORT_GRACE, "terminate"), (ABORT_GRACE + KILL_GRACE, "kill")]
-    assert hung.ended and hung.gave_up  # the loop stops reading KILL_GRACE after the kill
+    assert done == [
+        (ABORT_GRACE, "terminate"),
+        (ABORT_GRACE + KILL_GRACE, "kill"),
+        (ABORT_GRACE + 2 * KILL_GRACE, "give up"),  # the loop stops reading KILL_GRACE after the kill
+    ]
+    assert hung.ended and hung.gave_up
     assert timers.timeout() is None
 
 

@@ -11,9 +11,9 @@ MPI_Finalize): mpirun gets SIGTERM, which ends the ranks on every host, then SIG
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
-import selectors
 import shutil
 import signal
 import subprocess
@@ -24,6 +24,7 @@ from pathlib import Path
 from smhvd.errors import EX_MPI_ABORT, exit_status
 from smhvd.mpi.output import StderrFilter
 from smhvd.proc.lines import write_all
+from smhvd.proc.loop import Loop
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_rank_wrapper, signal_pids
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.timers import Timers
@@ -90,51 +91,42 @@ def supervise(
         start_new_session=True,
     )
     assert proc.stderr is not None
-    stderr_fd = proc.stderr.fileno()
-    own = watch is None
-    watch = watch or SignalWatch().__enter__()
-    exited = os.pidfd_open(proc.pid)
+    stderr = proc.stderr
     timers = Timers()
     if tick is not None:
         timers.every("heartbeat", tick_interval, tick)
     dumps.start(timers)
-    hung = HungAbort(lambda: proc.poll() is None, proc.terminate, lambda: _kill(proc), timers)
-    stop = Stop(proc, {proc.pid, *keep}, dumps, on_stop, timers)
-    try:
-        with selectors.DefaultSelector() as sel:
-            sel.register(stderr_fd, selectors.EVENT_READ)
-            sel.register(watch.fileno(), selectors.EVENT_READ)
-            sel.register(exited, selectors.EVENT_READ)
-            open_stream = True
-            while open_stream and not hung.gave_up:
-                for key, _ in sel.select(timers.timeout()):
-                    if key.fd == stderr_fd:
-                        data = os.read(stderr_fd, 65536)
-                        if not data:
-                            open_stream = False
-                            break
-                        _show(output, output.feed(data))
-                        dumps.heard(output)
-                        if output.abort_notice is not None:
-                            hung.announced(output.abort_notice)
-                    elif key.fd == exited:
-                        # The job ends when the command does, not when every copy of its stderr closes (a
-                        # process it left behind may hold one): take what is in the pipe, stop reading.
-                        _drain(stderr_fd, output)
-                        open_stream = False
-                        break
-                    else:
-                        stop.signals(watch)
-                if open_stream:
-                    timers.fire_due()
+    with contextlib.ExitStack() as stack:
+        stack.callback(stderr.close)
+        if watch is None:
+            watch = stack.enter_context(SignalWatch())
+        loop = stack.enter_context(Loop(timers))
+        hung = HungAbort(lambda: proc.poll() is None, proc.terminate, lambda: _kill(proc), timers, loop.stop)
+        stop = Stop(proc, {proc.pid, *keep}, dumps, on_stop, timers)
+
+        def read() -> None:
+            data = os.read(stderr.fileno(), 65536)
+            if not data:
+                loop.stop()
+                return
+            _show(output, output.feed(data))
+            dumps.heard(output)
+            if output.abort_notice is not None:
+                hung.announced(output.abort_notice)
+
+        def exited() -> None:
+            # The job ends when the command does, not when every copy of its stderr closes (a process it
+            # left behind may hold one): take what is in the pipe, stop reading.
+            _drain(stderr.fileno(), output)
+            loop.stop()
+
+        loop.reader(stderr, read)
+        loop.reader(watch, functools.partial(stop.signals, watch))
+        loop.exit_of(proc.pid, exited)
+        loop.run()
         _show(output, output.flush())
         code = proc.wait()
         remove_session_dir(proc.pid, env)
-    finally:
-        os.close(exited)
-        proc.stderr.close()
-        if own:
-            watch.__exit__(None, None, None)
     if hung.ended:
         return Outcome(exit_code=EX_MPI_ABORT, output=output, stopped=stop.requested, ended_hung_abort=True)
     return Outcome(exit_code=exit_status(code), output=output, stopped=stop.requested)
@@ -253,7 +245,7 @@ class HungAbort:
     """Ends mpirun when Open MPI announced an abort and mpirun does not exit by itself: `terminate` after
     ABORT_GRACE, `kill` KILL_GRACE later, and after another KILL_GRACE the loop gives up reading the output
     that something mpirun started may still hold open (`gave_up`). Each step is a timer of the loop, taken
-    only while mpirun runs."""
+    only while mpirun runs; `give_up` ends the loop."""
 
     def __init__(
         self,
@@ -261,8 +253,10 @@ class HungAbort:
         terminate: Callable[[], object],
         kill: Callable[[], object],
         timers: Timers,
+        give_up: Callable[[], object] = lambda: None,
     ) -> None:
         self.running, self.terminate, self.kill, self.timers = running, terminate, kill, timers
+        self.on_give_up = give_up
         self.notice: str | None = None
         self.ended = False  # the launcher ended mpirun
         self.gave_up = False
@@ -288,6 +282,7 @@ class HungAbort:
 
     def _give_up(self) -> None:
         self.gave_up = True
+        self.on_give_up()
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
