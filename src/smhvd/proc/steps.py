@@ -26,7 +26,6 @@ import contextlib
 import fcntl
 import os
 import secrets
-import selectors
 import shutil
 import signal
 import subprocess
@@ -37,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smhvd.errors import WaitTimeout
-from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_alive, signal_pids
+from smhvd.proc.loop import follow_output
+from smhvd.proc.processes import descendants, die_with_parent, is_alive, signal_pids
 from smhvd.proc.waiting import NotYet, wait_until
 
 OUTPUT_LIMIT = 1 << 20  # of each stream, the first and the last half of this many bytes are kept
@@ -193,32 +193,9 @@ def _remove(*paths: Path) -> None:
 
 
 def _wait(proc: subprocess.Popen[bytes], kept: dict[int, _Kept], echo: bool, deadline: float | None) -> bool:
-    """Read the step's output until it exits (True) or the deadline passes (False)."""
-    exited = os.pidfd_open(proc.pid)
-    try:
-        with selectors.DefaultSelector() as sel:
-            for fd in kept:
-                sel.register(fd, selectors.EVENT_READ)
-            sel.register(exited, selectors.EVENT_READ)
-            while True:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                for key, _ in sel.select(remaining):
-                    if key.fd == exited:
-                        # The step ends when its process does, not when every copy of its output closes (a
-                        # process it left behind may hold one): take what is in the pipes, stop reading.
-                        for fd, buffer in kept.items():
-                            for chunk in drain_pipe(fd):
-                                _keep(buffer, chunk, echo)
-                        return True
-                    chunk = os.read(key.fd, 65536)
-                    if chunk:
-                        _keep(kept[key.fd], chunk, echo)
-                    else:
-                        sel.unregister(key.fd)
-    finally:
-        os.close(exited)
+    """Read the step's output until it exits (True: then what is in the pipes too, not until every copy of
+    them closes, since a process it left behind may hold one) or the deadline passes (False)."""
+    return follow_output(proc.pid, kept, lambda fd, chunk: _keep(kept[fd], chunk, echo), deadline=deadline)
 
 
 class _Kept:
