@@ -6,11 +6,14 @@ Each round fires the timers that are due, then waits for the next event (at most
 calls each ready file's callback. Once `stop()` was called nothing more is handled: neither the rest of the
 round's events nor due timers (as the hand-written loops it replaces returned at once).
 
-Used by the rank wrapper's "read this process's output until it exits" (`follow_output`, with its progress
-timer). Not (yet) by the host environment's server (a thread of its own, roles/hostenv.py: it must answer
-ranks while the main thread is busy, before a role's loop runs) nor by the peers' connect loop
-(roles/peers.py: a step function under the one bounded wait, waking on ssh output and on TCP probes that
-block in a thread pool; on this loop the probes would be non-blocking connects).
+It runs what were five selector loops of their own: "read this process's output until it exits"
+(`follow_output`) for the rank wrapper (with its progress-bar timer) and the preparation steps (with their
+deadline), the link relay, the supervisor's mpirun (stderr, signals, exit; its timers) and the worker's wait
+for the leader (the link server and links, signals; its deadlines). Not (yet) the host environment's server
+(a thread of its own, roles/hostenv.py: it must answer ranks while the main thread is busy, before a role's
+loop runs) nor the peers' connect loop (roles/peers.py: a step function under the one bounded wait, waking
+on ssh output and on TCP probes that block in a thread pool; on this loop the probes would be non-blocking
+connects).
 """
 
 from __future__ import annotations
