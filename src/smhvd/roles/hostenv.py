@@ -47,10 +47,9 @@ from smhvd.proc.trust import (
     read_pid,
 )
 from smhvd.proc.waiting import NotYet, wait_until
-from smhvd.wire import SERVED
+from smhvd.wire import HOSTENV_TIMEOUT, SERVED
 
 FETCH_TIMEOUT = 60.0
-TIMEOUT_VARIABLE = "SMHVD_HOSTENV_TIMEOUT"
 MAX_FETCH_TIMEOUT = 86400.0
 BACKLOG = 4096  # every rank of a large host may ask at the same moment (the kernel caps it at somaxconn)
 _MAX_BYTES = 64 * 1024 * 1024
@@ -301,7 +300,7 @@ def fetch_once(path: Path, timeout: float, ancestors: Collection[int] | None = N
 def fetch_timeout(env: Mapping[str, str]) -> float:
     """SMHVD_HOSTENV_TIMEOUT (seconds a rank waits for its host's environment), else FETCH_TIMEOUT; `train`
     checks it at start (ConfigError: exit 78), so that no rank falls back on another value silently."""
-    raw = env.get(TIMEOUT_VARIABLE)
+    raw = env.get(HOSTENV_TIMEOUT)
     if raw is None:
         return FETCH_TIMEOUT
     try:
@@ -310,7 +309,7 @@ def fetch_timeout(env: Mapping[str, str]) -> float:
         value = float("nan")
     if not 0 < value <= MAX_FETCH_TIMEOUT:
         raise ConfigError(
-            "environment", TIMEOUT_VARIABLE, f"seconds, a number in (0, {MAX_FETCH_TIMEOUT:g}]", raw
+            "environment", HOSTENV_TIMEOUT, f"seconds, a number in (0, {MAX_FETCH_TIMEOUT:g}]", raw
         )
     return value
 

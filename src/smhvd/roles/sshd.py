@@ -15,15 +15,16 @@ from pathlib import Path
 from smhvd.errors import ConfigError, PeerError
 from smhvd.proc.processes import die_with_parent
 from smhvd.proc.waiting import NotYet, wait_until
+from smhvd.wire import SSH_PORT
 
 DEFAULT_PORT = 22
 HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 
 
 def ssh_port(env: Mapping[str, str]) -> int:
-    raw = env.get("SMHVD_SSH_PORT", str(DEFAULT_PORT))
+    raw = env.get(SSH_PORT, str(DEFAULT_PORT))
     if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise ConfigError("environment", "SMHVD_SSH_PORT", "a TCP port number (1-65535)", raw)
+        raise ConfigError("environment", SSH_PORT, "a TCP port number (1-65535)", raw)
     return int(raw)
 
 
