@@ -10,8 +10,9 @@ It runs what were five selector loops of their own: "read this process's output 
 (`follow_output`) for the rank wrapper (with its progress-bar timer) and the preparation steps (with their
 deadline), the link relay, the supervisor's mpirun (stderr, signals, exit; its timers) and the worker's wait
 for the leader (the link server and links, signals; its deadlines). Not (yet) the host environment's server
-(a thread of its own, roles/hostenv.py: it must answer ranks while the main thread is busy, before a role's
-loop runs) nor the peers' connect loop (roles/peers.py: a step function under the one bounded wait, waking
+(roles/hostenv.py: a thread of its own, since it answers ranks while the main thread is busy, and it waits
+for sockets to become writable, with a send deadline for each of up to 1024 clients; this loop has readers
+only) nor the peers' connect loop (roles/peers.py: a step function under the one bounded wait, waking
 on ssh output and on TCP probes that block in a thread pool; on this loop the probes would be non-blocking
 connects).
 """
