@@ -102,6 +102,24 @@ def test_a_served_environment_reaches_this_hosts_ranks_and_is_gone_after_the_blo
         )  # nobody serves: a rank fails, never runs with another's identity
 
 
+def test_a_client_that_does_not_read_holds_up_no_other_and_is_dropped(port, monkeypatch):
+    """A rank that connects and then takes nothing (stopped, stuck) must not keep the others waiting: each
+    answer goes out in non-blocking writes, and a client that takes nothing for SEND_TIMEOUT is cut off."""
+    monkeypatch.setattr(hostenv, "SEND_TIMEOUT", 0.5)
+    env = {"BIG": "x" * (8 << 20)}  # far more than a socket buffer holds
+    path = trust.directory(port)
+    with hostenv.serving(path, env), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stuck:
+        stuck.connect(str(path / trust.ENV_SOCKET))
+        for _ in range(3):  # served while the stuck client's answer waits
+            assert hostenv.fetch(path, timeout=30) == env
+        time.sleep(1.5)  # past SEND_TIMEOUT without taking anything
+        stuck.settimeout(30)
+        received = 0
+        while chunk := stuck.recv(1 << 20):  # what the buffers held, then the end: it was dropped
+            received += len(chunk)
+        assert received < len(env["BIG"])
+
+
 def _fake_server(port: int, pid: int, answer: bytes) -> tuple[socket.socket, threading.Thread]:
     path = trust.directory(port)
     path.mkdir(mode=0o700)

@@ -1,20 +1,20 @@
-"""One event loop for the launcher's waits: readable files (pipes, sockets, the SignalWatch fd), process exits
-(a pidfd each: no SIGCHLD handler, no polling) and timers (timers.Timers), all waited for in one select.
+"""One event loop for the launcher's waits: readable and writable files (pipes, sockets, the SignalWatch fd),
+process exits (a pidfd each: no SIGCHLD handler, no polling) and timers (timers.Timers), all waited for in one
+select.
 
 A wait registers what it reacts to, each with a callback, and runs the loop until a callback calls `stop()`.
 Each round fires the timers that are due, then waits for the next event (at most until the next timer) and
 calls each ready file's callback. Once `stop()` was called nothing more is handled: neither the rest of the
 round's events nor due timers (as the hand-written loops it replaces returned at once).
 
-It runs what were five selector loops of their own: "read this process's output until it exits"
+It runs what were six selector loops of their own: "read this process's output until it exits"
 (`follow_output`) for the rank wrapper (with its progress-bar timer) and the preparation steps (with their
-deadline), the link relay, the supervisor's mpirun (stderr, signals, exit; its timers) and the worker's wait
-for the leader (the link server and links, signals; its deadlines). Not (yet) the host environment's server
-(roles/hostenv.py: a thread of its own, since it answers ranks while the main thread is busy, and it waits
-for sockets to become writable, with a send deadline for each of up to 1024 clients; this loop has readers
-only) nor the peers' connect loop (roles/peers.py: a step function under the one bounded wait, waking
-on ssh output and on TCP probes that block in a thread pool; on this loop the probes would be non-blocking
-connects).
+deadline), the link relay, the supervisor's mpirun (stderr, signals, exit; its timers), the worker's wait for
+the leader (the link server and links, signals; its deadlines) and the host environment's server (in a thread
+of its own, roles/hostenv.py, since it answers ranks while the main thread is busy: its answers as writers,
+their send deadlines as one timer). Not (yet) the peers' connect loop (roles/peers.py: a step function under
+the one bounded wait, waking on ssh output and on TCP probes that block in a thread pool; on this loop the
+probes would be non-blocking connects).
 """
 
 from __future__ import annotations
@@ -64,6 +64,10 @@ class Loop:
         """Call `callback` whenever `file` is readable (also at its end: the callback reads b"" and may
         `forget` it)."""
         self._sel.register(file, selectors.EVENT_READ, callback)
+
+    def writer(self, file: File, callback: Callable[[], object]) -> None:
+        """Call `callback` whenever `file` can be written to (a socket with room in its buffer)."""
+        self._sel.register(file, selectors.EVENT_WRITE, callback)
 
     def forget(self, file: File) -> None:
         self._sel.unregister(file)

@@ -23,18 +23,19 @@ with another host's identity.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
-import selectors
 import socket
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 
 from smhvd.environment import HOST_KEYS
 from smhvd.errors import ConfigError, HostEnvError
+from smhvd.proc.loop import Loop
 from smhvd.proc.trust import (
     ENV_SOCKET,
     LINK_SOCKET,
@@ -183,38 +184,39 @@ def serving(path: Path, env: Mapping[str, str]) -> Iterator[None]:
 
 def _answer_all(server: socket.socket, payload: bytes, wake: socket.socket) -> None:
     """Send `payload` to every connection of this user, none waiting for another: each answer goes out in
-    non-blocking writes, and a client that takes nothing for SEND_TIMEOUT is dropped. Ends when `wake` is
-    readable."""
-    with selectors.DefaultSelector() as sel:
-        answers = _Answers(sel, payload)
-        sel.register(server, selectors.EVENT_READ)
-        sel.register(wake, selectors.EVENT_READ)
-        accepting = True
-        while True:
-            timeout = answers.drop_late()
-            if accepting != (len(answers.pending) < MAX_PENDING):  # the rest wait in the listen queue
-                accepting = not accepting
-                if accepting:
-                    sel.register(server, selectors.EVENT_READ)
-                else:
-                    sel.unregister(server)
-            for key, _ in sel.select(timeout):
-                if key.fileobj is wake:
-                    answers.drop_all()
-                    return
-                if key.fileobj is server:
-                    answers.accept(server)
-                elif isinstance(key.fileobj, socket.socket):
-                    answers.send(key.fileobj)
+    non-blocking writes, and a client that takes nothing for SEND_TIMEOUT is dropped. At most MAX_PENDING
+    answers at once: more connections wait in the listen queue. Ends when `wake` is readable."""
+    with Loop() as loop:
+        answers = _Answers(loop, payload)
+
+        def accept() -> None:
+            answers.accept(server)
+            if len(answers.pending) >= MAX_PENDING:
+                loop.forget(server)
+
+        def changed() -> None:  # an answer ended: below MAX_PENDING again, accept again
+            if len(answers.pending) == MAX_PENDING - 1:
+                loop.reader(server, accept)
+
+        def woken() -> None:
+            answers.drop_all()
+            loop.stop()
+
+        answers.on_drop = changed
+        loop.reader(server, accept)
+        loop.reader(wake, woken)
+        loop.run()
 
 
 class _Answers:
-    """The answers being sent: what is left of each, and until when its client may take nothing."""
+    """The answers being sent: what is left of each, and until when its client may take nothing (the loop's
+    "late" timer is set for the earliest of these deadlines)."""
 
-    def __init__(self, sel: selectors.BaseSelector, payload: bytes) -> None:
-        self.sel = sel
+    def __init__(self, loop: Loop, payload: bytes) -> None:
+        self.loop = loop
         self.payload = payload
         self.pending: dict[socket.socket, tuple[memoryview, float]] = {}
+        self.on_drop: Callable[[], object] = lambda: None
 
     def accept(self, server: socket.socket) -> None:
         try:
@@ -226,7 +228,8 @@ class _Answers:
             return
         conn.setblocking(False)
         self.pending[conn] = (memoryview(self.payload), time.monotonic() + SEND_TIMEOUT)
-        self.sel.register(conn, selectors.EVENT_WRITE)
+        self.loop.writer(conn, functools.partial(self.send, conn))
+        self._arm()
 
     def send(self, conn: socket.socket) -> None:
         view, _ = self.pending[conn]
@@ -242,17 +245,24 @@ class _Answers:
             self.pending[conn] = (view[sent:], time.monotonic() + SEND_TIMEOUT)
 
     def drop(self, conn: socket.socket) -> None:
-        self.sel.unregister(conn)
+        self.loop.forget(conn)
         del self.pending[conn]
         conn.close()
+        self.on_drop()
 
-    def drop_late(self) -> float:
-        """Drop the clients past their deadline; how long until the next deadline (at most a minute)."""
+    def _arm(self) -> None:
+        """Set the "late" timer, if it is not set, for the earliest deadline. Deadlines only move later (each
+        is now + SEND_TIMEOUT when set), so the timer never fires after a client's; when it fires,
+        _drop_late drops who is late and sets it again."""
+        if self.pending and not self.loop.timers.pending("late"):
+            self.loop.timers.at("late", min(d for _, d in self.pending.values()), self._drop_late)
+
+    def _drop_late(self) -> None:
         now = time.monotonic()
         for conn, (_, deadline) in list(self.pending.items()):
             if deadline <= now:
                 self.drop(conn)
-        return max(0.0, min((d for _, d in self.pending.values()), default=now + 60) - now)
+        self._arm()
 
     def drop_all(self) -> None:
         for conn in list(self.pending):
