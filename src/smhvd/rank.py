@@ -137,6 +137,15 @@ def unavailable(exc: LauncherError, sink: Sink) -> int:
     return EX_UNAVAILABLE
 
 
+def not_started(command: str, exc: OSError, rank: int | None, host: str | None, sink: Sink) -> int:
+    """The program cannot be started (not found, not executable): one line, and the failure report."""
+    message = f"smhvd.rank: cannot run {command}: {exc.strerror}\n"
+    sink.send(wire.STDERR, message.encode())
+    failure = RankFailure(rank=rank, host=host, exit_code=EX_NOT_STARTED, stderr_tail=message)
+    sink.send(wire.FAILURE, failure.to_json())
+    return EX_NOT_STARTED
+
+
 class Tail:
     """The last `limit` bytes of a stream."""
 
@@ -156,14 +165,17 @@ def run(program: list[str]) -> int:
     except LauncherError as exc:
         return unavailable(exc, sink)
     stop_requested = False
-    proc = subprocess.Popen(
-        program,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=rank_program_preexec,  # noqa: PLW1509
-    )
-    rank, host = _identity(env)
+    rank, host = _identity(env)  # this host's own SM_CURRENT_HOST
+    try:
+        proc = subprocess.Popen(
+            program,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=rank_program_preexec,  # noqa: PLW1509
+        )
+    except (FileNotFoundError, PermissionError) as exc:
+        return not_started(program[0], exc, rank, host, sink)
     sink.send(wire.START, RankStart(rank, host, at=time.time()).to_json())  # for the job summary
 
     def forward(signum: int, _frame: object) -> None:
@@ -246,16 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         sys.stderr.write("usage: python -m smhvd.rank -- PROGRAM [ARGS...]\n")
         return EX_USAGE
-    try:
-        return run(args)
-    except (FileNotFoundError, PermissionError) as exc:
-        message = f"smhvd.rank: cannot run {args[0]}: {exc.strerror}\n"
-        sink = Sink(records=os.environ.get(OUTPUT_CHANNEL) == RECORDS)
-        sink.send(wire.STDERR, message.encode())
-        rank, host = _identity(os.environ)
-        failure = RankFailure(rank=rank, host=host, exit_code=EX_NOT_STARTED, stderr_tail=message)
-        sink.send(wire.FAILURE, failure.to_json())
-        return EX_NOT_STARTED
+    return run(args)
 
 
 if __name__ == "__main__":
