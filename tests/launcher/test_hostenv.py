@@ -139,6 +139,7 @@ def _fake_server(port: int, pid: int, answer: bytes) -> tuple[socket.socket, thr
     return server, thread
 
 
+@pytest.mark.integration  # starts processes
 def test_a_garbled_answer_is_refused(port):
     server, thread = _fake_server(port, os.getpid(), json.dumps({"A": 1}).encode())  # values must be strings
     with server, pytest.raises(HostEnvError, match=r"answered something other than an environment"):
@@ -146,6 +147,7 @@ def test_a_garbled_answer_is_refused(port):
     thread.join()
 
 
+@pytest.mark.integration  # starts processes
 def test_a_train_that_did_not_start_the_rank_is_refused(port):
     """Same user, the pid written in the directory answers, but it is not one of the rank's ancestors (another
     job's train on this host, say): refused before connecting. Its own train (an ancestor) is accepted."""
@@ -160,6 +162,7 @@ def test_a_train_that_did_not_start_the_rank_is_refused(port):
     thread.join()
 
 
+@pytest.mark.integration  # starts processes
 def test_ancestors_are_the_chain_of_parents():
     code = (
         "import json, os; from smhvd.proc.processes import ancestors;"
@@ -170,6 +173,7 @@ def test_ancestors_are_the_chain_of_parents():
     assert {os.getpid(), os.getppid()} <= set(found) and child not in found
 
 
+@pytest.mark.integration  # starts processes
 def test_an_answer_from_another_process_than_the_train_is_refused(port):
     """Same user, another pid than the one `train` wrote: not this job's train."""
     other = subprocess.Popen(["sleep", "30"])
@@ -196,6 +200,7 @@ def _as_nobody(code: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.integration  # starts processes
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_another_user_can_neither_read_nor_take_the_place(port, server):
     path = trust.directory(port)
@@ -210,6 +215,7 @@ def test_another_user_can_neither_read_nor_take_the_place(port, server):
     assert hostenv.fetch(trust.directory(port))["SM_CURRENT_HOST"] == "algo-2"
 
 
+@pytest.mark.integration  # starts processes
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 @pytest.mark.parametrize("how", ["other user", "group writable", "symlink"])
 def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, how):
@@ -231,6 +237,7 @@ def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, ho
         hostenv.fetch(trust.directory(port), timeout=2)
 
 
+@pytest.mark.integration  # starts processes
 def test_a_live_train_keeps_its_place_and_a_stale_one_is_taken_over(port, server):
     with (
         pytest.raises(HostEnvError, match=rf"is in use by pid {server.pid}"),
@@ -244,6 +251,7 @@ def test_a_live_train_keeps_its_place_and_a_stale_one_is_taken_over(port, server
         assert hostenv.fetch(trust.directory(port))["A"] == "3"
 
 
+@pytest.mark.integration  # starts processes
 def test_a_place_whose_pid_is_now_another_kind_of_process_is_taken_over(port):
     path = trust.directory(port)
     path.mkdir(mode=0o700)
@@ -254,6 +262,7 @@ def test_a_place_whose_pid_is_now_another_kind_of_process_is_taken_over(port):
         other.kill()
 
 
+@pytest.mark.integration  # starts processes
 def test_a_trains_pid_written_before_that_process_started_is_stale(port, server):
     path = trust.directory(port)
     hour_ago = time.time() - 3600
@@ -262,6 +271,7 @@ def test_a_trains_pid_written_before_that_process_started_is_stale(port, server)
         assert hostenv.fetch(path)["A"] == "5"
 
 
+@pytest.mark.integration  # starts processes
 def test_leaders_directories_left_by_killed_trains_are_reclaimed_and_no_other(server):
     dead = subprocess.run(["true"], check=True)  # a pid that is gone
     del dead
@@ -300,6 +310,7 @@ def test_entries_of_the_wrong_kind_are_one_line_naming_them(tmp_path):
         pass
 
 
+@pytest.mark.integration  # starts processes
 def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
     """SIGSTOP stands in for a loaded host: the queue fills, every fetch retries within its deadline."""
     os.kill(server.pid, signal.SIGSTOP)
@@ -332,6 +343,7 @@ def test_a_rank_on_the_leaders_host_asks_the_leaders_directory_elsewhere_its_wor
     assert hostenv.rank_directory(elsewhere, port) == trust.directory(port)
 
 
+@pytest.mark.integration  # starts processes
 def test_a_rank_without_its_hosts_environment_fails_in_one_line(port):
     env = {**os.environ, hostenv.SERVED: "1", "SMHVD_SSH_PORT": str(port), "SMHVD_HOSTENV_TIMEOUT": "0.5"}
     env["OMPI_COMM_WORLD_RANK"] = "3"

@@ -2,6 +2,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from smhvd.config.hardware import count_gpus
 from smhvd.mpi.hostfile import render_hostfile
 from smhvd.proc.processes import descendants, descendants_of, read_process_table
@@ -13,6 +15,7 @@ def test_descendants_of_a_table():
     assert descendants_of(13, table) == []
 
 
+@pytest.mark.integration  # starts processes
 def test_descendants_of_this_process_are_real():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

@@ -307,6 +307,7 @@ json.dump(record, open(out, "w"))
 """
 
 
+@pytest.mark.integration  # starts processes
 def test_train_runs_a_v3_job_without_distributed(tmp_path):
     source = json.dumps({"source_dir": "/somewhere/src", "entry_script": "rec.py", "requirements": None})
     paths = write_v3_tree(
@@ -338,6 +339,7 @@ OWN_OPT = (
 )
 
 
+@pytest.mark.integration  # starts processes
 def test_train_hands_a_command_job_back_to_v3s_script_and_its_exit_code(tmp_path):
     """SourceCode.command: `train` execs v3's own driver (at v3's /opt/ml path), without BASH_ENV; the
     job's exit code is the driver's."""
@@ -365,6 +367,7 @@ def test_train_hands_a_command_job_back_to_v3s_script_and_its_exit_code(tmp_path
 BASH_ENV_FILE = Path(__file__).resolve().parents[2] / "docker" / "scripts" / "sdk-v3-bash-env.sh"
 
 
+@pytest.mark.integration  # starts processes
 @pytest.mark.parametrize(
     ("command", "expected"),
     [
@@ -528,6 +531,7 @@ def test_the_whole_job_is_validated_after_v3s_files_are_read(tmp_path):
         load_job(paths, Hardware(cpus=2, gpus=0), v3=v3)
 
 
+@pytest.mark.integration  # starts processes
 @pytest.mark.parametrize("how", ["script", "stdin"])
 def test_an_inherited_bash_execution_string_is_not_v3s_shell(tmp_path, how):
     """A parent that exports BASH_EXECUTION_STRING (it holds v3's command in v3's own shell) must not turn

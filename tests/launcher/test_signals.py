@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from smhvd.proc.signals import Received, SignalWatch
 
 
@@ -18,6 +20,7 @@ def test_signals_arrive_as_one_event_each_and_the_first_stop_is_kept() -> None:
         assert watch.receive(()) == Received()
 
 
+@pytest.mark.integration  # starts processes
 def test_sigchld_reaps_orphans_but_not_the_children_we_wait_for() -> None:
     with SignalWatch() as watch:
         ours = subprocess.Popen([sys.executable, "-c", "pass"])
