@@ -43,16 +43,15 @@ class TrainJob:
     paths: SageMakerPaths
     code: Path
 
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """This machine's environment with the job's /opt/ml root (and `extra`)."""
+        return {**os.environ, "SAGEMAKER_BASE_DIR": str(self.paths.base), **(extra or {})}
+
     def run(
         self, timeout: float = 240, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(TRAIN)],
-            env={**os.environ, "SAGEMAKER_BASE_DIR": str(self.paths.base), **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+            [str(TRAIN)], env=self.env(env), capture_output=True, text=True, timeout=timeout, check=False
         )
 
     def run_bytes(
@@ -60,11 +59,13 @@ class TrainJob:
     ) -> subprocess.CompletedProcess[bytes]:
         """As run, with stdout and stderr as the bytes they are."""
         return subprocess.run(
-            [str(TRAIN)],
-            env={**os.environ, "SAGEMAKER_BASE_DIR": str(self.paths.base), **(env or {})},
-            capture_output=True,
-            timeout=timeout,
-            check=False,
+            [str(TRAIN)], env=self.env(env), capture_output=True, timeout=timeout, check=False
+        )
+
+    def start(self, stdout: int | None = subprocess.PIPE) -> subprocess.Popen[str]:
+        """`train` in the background, its stdout (as asked) and stderr piped, as text."""
+        return subprocess.Popen(
+            [str(TRAIN)], env=self.env(), stdout=stdout, stderr=subprocess.PIPE, text=True
         )
 
     def failure(self) -> str | None:

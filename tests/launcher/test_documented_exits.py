@@ -110,13 +110,7 @@ def test_ctrl_c_or_a_closed_terminal_stops_a_running_job_as_sigterm_does(train_j
     """README, exit 143: 'stopped by SIGTERM (also SIGINT or SIGHUP)'; every rank gets SIGTERM and can
     checkpoint (test_train_one_host.py does SIGTERM)."""
     job = train_job(CHECKPOINTS_ON_SIGTERM, {"sagemaker_mpi_num_of_processes_per_host": 2})
-    train = subprocess.Popen(
-        [str(TRAIN)],
-        env={**os.environ, "SAGEMAKER_BASE_DIR": str(job.paths.base)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    train = job.start(stdout=subprocess.DEVNULL)
     ckpt = job.paths.checkpoint_dir
 
     def ready() -> bool | None:

@@ -4,16 +4,12 @@ bars that move, a job that ends with its script even when a child keeps writing,
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
 import textwrap
 import time
 
 import pytest
-
-from tests.conftest import TRAIN
 
 pytestmark = pytest.mark.integration
 
@@ -203,13 +199,7 @@ IGNORES_SIGTERM = """
 
 def test_a_second_sigterm_ends_ranks_that_ignore_the_first(train_job):
     job = train_job(IGNORES_SIGTERM, TWO)
-    proc = subprocess.Popen(
-        [str(TRAIN)],
-        env={**os.environ, "SAGEMAKER_BASE_DIR": str(job.paths.base)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = job.start()
     assert proc.stdout is not None
     ready = [proc.stdout.readline() for _ in range(2)]
     assert all("ready" in line for line in ready), ready
