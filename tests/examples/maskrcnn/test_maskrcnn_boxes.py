@@ -9,6 +9,8 @@ import pytest
 import tensorflow as tf
 from mrcnn import boxes as B
 
+pytestmark = pytest.mark.integration  # imports TensorFlow (the unit tier does not: docs/development.md)
+
 tf1 = tf.compat.v1
 
 
