@@ -126,24 +126,12 @@ class Sink:
         self.send(kinds[1], out.now)
 
 
-def unavailable(exc: LauncherError, sink: Sink) -> int:
-    """The rank cannot start: one line, and the failure report that makes it the job's reported cause."""
-    message = f"smhvd.rank: {exc}\n"
-    rank, _ = _identity(os.environ)
-    host = socket.gethostname()  # not SM_CURRENT_HOST: without this host's environment that is the leader's
+def not_run(why: str, code: int, rank: int | None, host: str | None, sink: Sink) -> int:
+    """The program does not run: one line, and the failure report that makes it the job's reported cause."""
+    message = f"smhvd.rank: {why}\n"
     sink.send(wire.STDERR, message.encode())
-    failure = RankFailure(rank=rank, host=host, exit_code=EX_UNAVAILABLE, signal=None, stderr_tail=message)
-    sink.send(wire.FAILURE, failure.to_json())
-    return EX_UNAVAILABLE
-
-
-def not_started(command: str, exc: OSError, rank: int | None, host: str | None, sink: Sink) -> int:
-    """The program cannot be started (not found, not executable): one line, and the failure report."""
-    message = f"smhvd.rank: cannot run {command}: {exc.strerror}\n"
-    sink.send(wire.STDERR, message.encode())
-    failure = RankFailure(rank=rank, host=host, exit_code=EX_NOT_STARTED, stderr_tail=message)
-    sink.send(wire.FAILURE, failure.to_json())
-    return EX_NOT_STARTED
+    sink.send(wire.FAILURE, RankFailure(rank=rank, host=host, exit_code=code, stderr_tail=message).to_json())
+    return code
 
 
 class Tail:
@@ -162,8 +150,8 @@ def run(program: list[str]) -> int:
     sink = Sink(records=os.environ.get(OUTPUT_CHANNEL) == RECORDS)
     try:
         env = local_env(os.environ)
-    except LauncherError as exc:
-        return unavailable(exc, sink)
+    except LauncherError as exc:  # no host environment: not SM_CURRENT_HOST, that would be the leader's
+        return not_run(str(exc), EX_UNAVAILABLE, _identity(os.environ)[0], socket.gethostname(), sink)
     stop_requested = False
     rank, host = _identity(env)  # this host's own SM_CURRENT_HOST
     try:
@@ -175,7 +163,7 @@ def run(program: list[str]) -> int:
             preexec_fn=rank_program_preexec,  # noqa: PLW1509
         )
     except (FileNotFoundError, PermissionError) as exc:
-        return not_started(program[0], exc, rank, host, sink)
+        return not_run(f"cannot run {program[0]}: {exc.strerror}", EX_NOT_STARTED, rank, host, sink)
     sink.send(wire.START, RankStart(rank, host, at=time.time()).to_json())  # for the job summary
 
     def forward(signum: int, _frame: object) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from smhvd.config.mpi_defaults import MPI_DEFAULT_NAMES
+from smhvd.config.mpi_defaults import MPI_DEFAULT_NAMES, user_names
 from smhvd.config.option_spec import (
     SOURCE,
     Declared,
@@ -333,17 +333,15 @@ OUTPUT_OPTIONS = frozenset(
 
 
 def _refuse_output_options(tokens: list[str], key: str) -> None:
-    for i, token in enumerate(tokens):
-        mca = i > 0 and tokens[i - 1] in ("--mca", "-mca", "--gmca", "-gmca")
-        name = token if mca else token.lstrip("-").split("=", 1)[0] if token.startswith("-") else ""
-        if name in OUTPUT_OPTIONS:
-            raise ConfigError(
-                SOURCE,
-                key,
-                "no option that changes how mpirun writes the ranks' output (the launcher reads it; "
-                "launcher_tag_output=false gives untagged lines)",
-                token,
-            )
+    refused = sorted(user_names(tokens) & OUTPUT_OPTIONS)
+    if refused:
+        raise ConfigError(
+            SOURCE,
+            key,
+            "no option that changes how mpirun writes the ranks' output (the launcher reads it; "
+            "launcher_tag_output=false gives untagged lines)",
+            refused[0],
+        )
 
 
 TOOLKIT_NCCL_DEBUG = "--NCCL_DEBUG"  # the sagemaker-training toolkit's own option, not mpirun's

@@ -7,6 +7,7 @@ and what a user's own option replaces; mpi/command.default_options gives the arg
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,3 +46,31 @@ MPI_DEFAULTS = (
     MpiDefault("plm_rsh_num_concurrent", ("--mca", "plm_rsh_num_concurrent", "{hosts}"), "many_hosts"),
 )
 MPI_DEFAULT_NAMES = frozenset(d.name for d in MPI_DEFAULTS)
+
+
+_MCA_FLAGS = ("--mca", "-mca", "--gmca", "-gmca")
+# mpirun spellings of one option (single or double dash is the same option).
+_FLAG_ALIASES = {"rf": "rankfile", "N": "npernode"}
+
+
+def user_names(custom: Sequence[str]) -> set[str]:
+    """What the user's own options set: option names (no dashes), MCA keys, and `-x` variable names."""
+    names: set[str] = set()
+    i = 0
+    while i < len(custom):
+        flag = custom[i]
+        nxt = custom[i + 1] if i + 1 < len(custom) else ""
+        if flag in _MCA_FLAGS:  # --mca KEY VALUE: the value may start with '-' (plm_rsh_args "-p 2222")
+            names.add(nxt)
+            i += 3
+            continue
+        if flag == "-x":
+            names.add(nxt.split("=", 1)[0])
+            i += 2
+            continue
+        if flag.startswith("-") and len(flag) > 1:
+            name = flag.lstrip("-").split("=", 1)[0]
+            names.add(_FLAG_ALIASES.get(name, name))
+        i += 1
+    names.discard("")
+    return names

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from smhvd.config.mpi_defaults import MPI_DEFAULTS
+from smhvd.config.mpi_defaults import MPI_DEFAULTS, user_names
 
 if TYPE_CHECKING:
     from smhvd.config.job import Job
@@ -69,10 +69,7 @@ AWS_CREDENTIAL_NAMES = (
     "AWS_PROFILE",
     "AWS_SHARED_CREDENTIALS_FILE",
 )
-_MCA_FLAGS = ("--mca", "-mca", "--gmca", "-gmca")
 _MCA_ENV_PREFIX = "OMPI_MCA_"
-# mpirun spellings of one option (single or double dash is the same option).
-_FLAG_ALIASES = {"rf": "rankfile", "N": "npernode"}
 
 # For each default, the names (mpirun options without dashes, MCA keys) whose presence among the user's own
 # options replaces it. Each set holds the default's own name, the MCA parameter behind the same option, and
@@ -146,29 +143,6 @@ def default_names() -> frozenset[str]:
         1, Path(), Path(), (), "eth0", Path(), yield_when_idle=True, hosts=OMPI_RSH_CONCURRENT + 1
     )
     return frozenset(name for name, _ in default_options(every))
-
-
-def user_names(custom: Sequence[str]) -> set[str]:
-    """What the user's own options set: option names (no dashes), MCA keys, and `-x` variable names."""
-    names: set[str] = set()
-    i = 0
-    while i < len(custom):
-        flag = custom[i]
-        nxt = custom[i + 1] if i + 1 < len(custom) else ""
-        if flag in _MCA_FLAGS:  # --mca KEY VALUE: the value may start with '-' (plm_rsh_args "-p 2222")
-            names.add(nxt)
-            i += 3
-            continue
-        if flag == "-x":
-            names.add(nxt.split("=", 1)[0])
-            i += 2
-            continue
-        if flag.startswith("-") and len(flag) > 1:
-            name = flag.lstrip("-").split("=", 1)[0]
-            names.add(_FLAG_ALIASES.get(name, name))
-        i += 1
-    names.discard("")
-    return names
 
 
 def env_mca_keys(env: Mapping[str, str]) -> frozenset[str]:

@@ -205,9 +205,10 @@ class StderrFilter:
                 self.failures += [f for line in data.splitlines() if (f := RankFailure.from_json(line))]
             else:  # the ranks' stderr lines and mpirun's own text
                 shown += data
-        self._scan(bytes(shown))
-        self._remember(bytes(shown))
-        return bytes(shown)
+        text = bytes(shown)
+        self._scan(text)
+        self._remember(text)
+        return text
 
     def _scan(self, shown: bytes) -> None:
         lines = (self._partial + shown).split(b"\n")
