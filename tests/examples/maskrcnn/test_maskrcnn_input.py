@@ -16,6 +16,10 @@ from mrcnn import data
 from mrcnn.config import build_config
 from pycocotools import mask as mask_utils
 
+# mrcnn.anchors and mrcnn.data take their box arithmetic from mrcnn.boxes, which imports TensorFlow (about
+# 10 s): the unit tier (make test-fast) imports none (docs/development.md), though these tests run no graph.
+pytestmark = pytest.mark.integration
+
 
 def dense_anchors(h: int, w: int, cfg) -> np.ndarray:  # type: ignore[no-untyped-def]
     """Every anchor in the graph's order (level, row, column, ratio), float32, in the arithmetic of
