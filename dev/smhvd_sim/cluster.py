@@ -129,15 +129,17 @@ class Cluster:
             self.bridge = bridge_name(cluster_id)
             self._cgroups = accounting.create_groups(cluster_id, self.spec.host_names)
             self._cpu_groups = {group.name: group for group in self._cgroups[:-1]}
-            mountpoints = _make_mountpoints([self.spec.ml_path, SSH_DIR])
+            mountpoints = [self.spec.ml_path, SSH_DIR]
+            made = _make_mountpoints(mountpoints)
             # cgroups first: each directory is removed with rmdir, deepest first
-            created = [str(path) for path in (*self._cgroups, *mountpoints)]
+            created = [str(path) for path in (*self._cgroups, *made)]
             self._record = registry.Record(
                 cluster_id=cluster_id,
                 owner_pid=os.getpid(),
                 slot=slot,
                 links=(self.bridge, *(address.outer_link for address in self.addresses)),
                 created_dirs=tuple(created),
+                mountpoints=tuple(str(path) for path in mountpoints),
             )
             self._record.save()
 

@@ -1,5 +1,12 @@
-"""The record of live clusters in /run/smhvd-cluster: which subnet slot each one holds, and what to remove
-when its owner died without tearing down (a bridge, outer veth ends, mountpoints it created)."""
+"""The record of live clusters in /run/smhvd-cluster: which subnet slot each one holds, where its hosts mount
+their files, and what to remove when it ends or its owner died without tearing down (a bridge, outer veth
+ends, mountpoints it created).
+
+A mountpoint the machine lacks (/root/.ssh, /opt/ml) is created by the first cluster that needs it, and other
+clusters started meanwhile mount onto the same directory. Removing it while they run would take their files
+away: the kernel detaches every mount on a directory removed in another mount namespace, so their hosts lose
+/root/.ssh (sshd: "Permission denied (publickey)") or /opt/ml. A cluster that ends hands such a directory to
+a live cluster that mounts onto it (or below it), which removes it in turn."""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ import json
 import secrets
 import subprocess
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from smhvd.proc import processes
@@ -25,7 +32,8 @@ class Record:
     owner_pid: int
     slot: int
     links: tuple[str, ...]
-    created_dirs: tuple[str, ...]
+    created_dirs: tuple[str, ...]  # deepest first, for rmdir
+    mountpoints: tuple[str, ...] = ()  # where its hosts mount (created by it or not)
 
     @property
     def path(self) -> Path:
@@ -50,6 +58,7 @@ def load_all() -> list[Record]:
                     slot=int(raw["slot"]),
                     links=tuple(raw["links"]),
                     created_dirs=tuple(raw["created_dirs"]),
+                    mountpoints=tuple(raw.get("mountpoints", ())),  # absent from older records
                 )
             )
         except (OSError, ValueError, KeyError, TypeError):
@@ -73,21 +82,40 @@ def remove_links(links: tuple[str, ...]) -> None:
             subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
 
 
+def _holds(directory: str, mountpoint: str) -> bool:
+    return Path(mountpoint).is_relative_to(directory)
+
+
 def remove_created_dirs(record: Record, others: list[Record]) -> None:
-    """rmdir the mountpoints this cluster created, unless another live cluster also relies on them."""
-    others = [other for other in others if other.cluster_id != record.cluster_id]
-    in_use = {path for other in others for path in other.created_dirs}
+    """rmdir the mountpoints this cluster created; one that another live cluster mounts onto (or below) is
+    added to that cluster's record instead, to be removed when it ends."""
+    live = [
+        other
+        for other in others
+        if other.cluster_id != record.cluster_id and processes.is_alive(other.owner_pid)
+    ]
+    handed: dict[str, list[str]] = {}
     for path in record.created_dirs:
-        if path not in in_use:
+        user = next((o for o in live if any(_holds(path, m) for m in o.mountpoints)), None)
+        if user is not None:
+            handed.setdefault(user.cluster_id, []).append(path)
+        elif not any(path in other.created_dirs for other in live):
             with contextlib.suppress(OSError):
                 Path(path).rmdir()
+    for other in live:
+        if other.cluster_id in handed:
+            more = tuple(p for p in handed[other.cluster_id] if p not in other.created_dirs)
+            replace(other, created_dirs=other.created_dirs + more).save()
 
 
 def release(record: Record) -> None:
-    """Remove what the record lists, then the record."""
-    remove_links(record.links)
-    remove_created_dirs(record, load_all())
-    record.path.unlink(missing_ok=True)
+    """Remove what the record lists as saved (directories may have been handed to it since it was made;
+    it hands on what live clusters still mount), then the record."""
+    records = load_all()
+    saved = next((stored for stored in records if stored.cluster_id == record.cluster_id), record)
+    remove_links(saved.links)
+    remove_created_dirs(saved, records)
+    saved.path.unlink(missing_ok=True)
 
 
 def clean_abandoned() -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -134,6 +135,24 @@ def test_host_held_down_and_timeout(make_cluster: MakeCluster) -> None:
     assert results["algo-1"].exit_code == 128 + signal.SIGTERM
     assert results["algo-2"].exit_code is None
     assert cluster.host("algo-1").processes() == []
+
+
+def test_a_cluster_that_ends_leaves_the_mountpoints_a_live_cluster_uses(make_cluster: MakeCluster) -> None:
+    """Clusters started together mount onto the same machine directories (/root/.ssh, the /opt/ml path),
+    made by the first that found them missing. Removing one detaches every mount on it in every namespace:
+    the other cluster's hosts lost their keys (sshd: "Permission denied (publickey)") or their tree. The
+    directory goes with the last cluster that uses it."""
+    ml = Path("/opt") / f"smhvd-test-{secrets.token_hex(4)}" / "ml"  # missing: the first cluster makes it
+    first = make_cluster(2, ml_path=ml)
+    second = make_cluster(2, ml_path=ml)
+    start_sshd(second, "algo-2")
+    first.down()
+    config = json.loads(second.exec("algo-2", ["cat", str(ml / "input/config/resourceconfig.json")])[1])
+    assert config["current_host"] == "algo-2"
+    code, out = second.exec("algo-1", ["ssh", *SSH_OPTIONS, "algo-2", "hostname"])
+    assert (code, out.strip()) == (0, "algo-2")
+    second.down()
+    assert not ml.parent.exists()
 
 
 def test_teardown_after_an_error_leaves_nothing(cluster_tools: None, tmp_path: Path) -> None:
