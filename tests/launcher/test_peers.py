@@ -1,33 +1,37 @@
 """The leader reaching its workers (roles/peers.py), with real processes standing in for the ssh sessions
 (`command`) and the real TCP check of each worker's sshd port (a listening socket per worker): every worker is
-reached at once, none is tried before its port answers, one that never comes up is named, and closing hangs up
-on every worker before waiting for any."""
+reached at once, none is tried before its port answers, one that never comes up is named, a stop signal ends
+the wait, and closing hangs up on every worker before waiting for any."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from smhvd.errors import PeerError
-from smhvd.roles.peers import close_all, connect_all, port_open
+from smhvd import wire
+from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, PeerError, Stopped
+from smhvd.proc.signals import SignalWatch
+from smhvd.roles.peers import Address, close_all, connect_all
 from smhvd.roles.sshd import render_ssh_config
 from support.ci import unavailable
 
 pytestmark = pytest.mark.integration
 
 HOSTS = ["algo-2", "algo-3", "algo-4", "algo-5"]
-# A stand-in for `ssh HOST python -m smhvd.link PORT`: records its start, says ready, holds the session until
-# its input ends, records that, and exits. argv: MARKS HOST TOGETHER SESSIONS. TOGETHER names the marks
-# ("start", "eof") at which it waits until all SESSIONS made the same one: it says ready only once every
-# session started, and exits only once every session saw its input end. A leader that waited for one worker
+# A stand-in for `ssh HOST python -m smhvd.link PORT`: records its start, says ready (and records that), holds
+# the session until its input ends, records what it was told ("told-HOST") and the end, and exits.
+# argv: MARKS HOST TOGETHER SESSIONS. TOGETHER names the marks ("start", "eof") at which it waits until all
+# SESSIONS made the same one: it says ready only once every session started, and exits only once every
+# session saw its input end. A leader that waited for one worker
 # before starting (or hanging up on) the next would wait forever: the leader's own deadline ends the test,
 # and the relay's (60 s) the relay, with exit 3. Behaviour, not timing: a loaded machine is only slower.
 RELAY = """
@@ -49,7 +53,8 @@ with (marks / f"tries-{host}").open("a") as tries:
     tries.write("x")
 mark("start")
 sys.stdout.write("ready\\n"); sys.stdout.flush()
-sys.stdin.read()
+mark("ready")
+(marks / f"told-{host}").write_text(sys.stdin.read())
 mark("eof")
 """
 
@@ -61,10 +66,17 @@ def relay(marks: Path, together: str = "") -> Callable[[str], list[str]]:
     return command
 
 
-# Each worker's sshd port is a real listening socket on a loopback address of its own, and the probe is the
-# real port_open on that address (the names algo-N do not resolve here). The sessions are stand-ins for ssh
-# (RELAY): the real ssh path runs in the cluster tier (test_launcher_faults.py).
+# Each worker's sshd port is a real listening socket on a loopback address of its own, probed by the real
+# non-blocking connect at that address (the names algo-N do not resolve here: `resolve` gives the address).
+# The sessions are stand-ins for ssh (RELAY): the real ssh path runs in the cluster tier
+# (test_launcher_faults.py).
 ADDRESSES = {host: f"127.0.0.{index}" for index, host in enumerate(HOSTS, start=2)}
+
+
+def told(marks: Path, host: str) -> dict[str, object] | None:
+    """The one event the relay of `host` was sent before its session ended."""
+    (line,) = (marks / f"told-{host}").read_bytes().splitlines(keepends=True)
+    return wire.decode(line)
 
 
 class SshPorts:
@@ -82,8 +94,9 @@ class SshPorts:
             sock.listen(16)
             self.listening[host] = sock
 
-    def probe(self, host: str, port: int, timeout: float) -> str | None:
-        return port_open(ADDRESSES[host], port, timeout)
+    @staticmethod
+    def resolve(host: str, port: int) -> list[Address]:
+        return [(socket.AF_INET, (ADDRESSES[host], port))]
 
     def close(self) -> None:
         for sock in self.listening.values():
@@ -103,7 +116,9 @@ def test_every_worker_is_reached_at_once(tmp_path: Path, ports: SshPorts) -> Non
     """No session waits for another to be ready: each relay is ready only once all four started."""
     ports.open(*HOSTS)
     command = relay(tmp_path, together="start")
-    links = connect_all(HOSTS, tmp_path / "ssh_config", ports.port, 60, command=command, probe=ports.probe)
+    links = connect_all(
+        HOSTS, tmp_path / "ssh_config", ports.port, 60, command=command, resolve=ports.resolve
+    )
     try:
         assert [worker.host for worker in links] == HOSTS
     finally:
@@ -112,23 +127,20 @@ def test_every_worker_is_reached_at_once(tmp_path: Path, ports: SshPorts) -> Non
 
 
 def test_no_session_is_tried_before_the_workers_port_answers(tmp_path: Path, ports: SshPorts) -> None:
-    """algo-3's sshd starts listening only after its port refused three probes."""
+    """algo-3's sshd starts listening only after its port refused three probes (each probe looks its
+    address up first: the fourth lookup opens the port)."""
     ports.open("algo-2", "algo-4", "algo-5")
-    answers: Counter[str] = Counter()
-    lock = threading.Lock()
+    probes: Counter[str] = Counter()
 
-    def probe(host: str, port: int, timeout: float) -> str | None:
-        answer = ports.probe(host, port, timeout)
-        with lock:
-            answers[host] += 1
-            if host == "algo-3" and answers[host] == 3:
-                assert answer == f"port {port}: Connection refused"
-                ports.open("algo-3")
-        return answer
+    def resolve(host: str, port: int) -> list[Address]:
+        probes[host] += 1
+        if host == "algo-3" and probes[host] == 4:
+            ports.open("algo-3")
+        return ports.resolve(host, port)
 
-    links = connect_all(HOSTS, tmp_path / "c", ports.port, 60, command=relay(tmp_path), probe=probe)
+    links = connect_all(HOSTS, tmp_path / "c", ports.port, 60, command=relay(tmp_path), resolve=resolve)
     close_all(links)
-    assert answers["algo-3"] == 4
+    assert probes["algo-3"] == 4
     assert {host: len((tmp_path / f"tries-{host}").read_text()) for host in HOSTS} == dict.fromkeys(HOSTS, 1)
 
 
@@ -139,11 +151,49 @@ def test_a_worker_that_never_comes_up_is_named_and_the_others_are_told(
     with pytest.raises(
         PeerError, match=rf"workers algo-2, algo-3.*algo-3: port {ports.port}: Connection refused"
     ) as info:
-        connect_all(HOSTS, tmp_path / "c", ports.port, 2.0, command=relay(tmp_path), probe=ports.probe)
+        connect_all(HOSTS, tmp_path / "c", ports.port, 2.0, command=relay(tmp_path), resolve=ports.resolve)
     assert "algo-2:" not in str(info.value).split("last:")[-1]  # only the missing host is blamed
     assert not (tmp_path / "tries-algo-3").exists()
     for host in ("algo-2", "algo-4", "algo-5"):  # the workers that were reached got the end and a hang-up
-        assert (tmp_path / f"eof-{host}").exists()
+        assert told(tmp_path, host) == {
+            "event": "end",
+            "exit_code": EX_UNAVAILABLE,
+            "reason": str(info.value),
+        }
+
+
+def test_a_stop_signal_ends_the_wait_and_the_workers_reached_are_told(
+    tmp_path: Path, ports: SshPorts
+) -> None:
+    """SIGTERM while algo-3 is still refused (sent by the test's lookup of algo-3 once the other three said
+    ready and were read: a probe after the one that saw them): Stopped at once, not at the deadline, and
+    the three linked workers get the end with the stop's exit code."""
+    ports.open("algo-2", "algo-4", "algo-5")
+    seen_ready = False
+
+    def resolve(host: str, port: int) -> list[Address]:
+        nonlocal seen_ready
+        if host == "algo-3":
+            if seen_ready:
+                os.kill(os.getpid(), signal.SIGTERM)
+            seen_ready = len(list(tmp_path.glob("ready-*"))) == 3
+        return ports.resolve(host, port)
+
+    with (
+        SignalWatch() as watch,
+        pytest.raises(Stopped, match="stopped while waiting for workers algo-2") as info,
+    ):
+        connect_all(
+            HOSTS,
+            tmp_path / "c",
+            ports.port,
+            60,
+            watch.stop_requested,
+            command=relay(tmp_path),
+            resolve=resolve,
+        )
+    for host in ("algo-2", "algo-4", "algo-5"):
+        assert told(tmp_path, host) == {"event": "end", "exit_code": EX_STOPPED, "reason": str(info.value)}
 
 
 def test_closing_hangs_up_on_every_worker_before_waiting_for_any(tmp_path: Path, ports: SshPorts) -> None:
@@ -151,16 +201,23 @@ def test_closing_hangs_up_on_every_worker_before_waiting_for_any(tmp_path: Path,
     would keep the first one waiting until close_all's deadline kills it (a non-zero exit)."""
     ports.open(*HOSTS)
     links = connect_all(
-        HOSTS, tmp_path / "c", ports.port, 60, command=relay(tmp_path, together="eof"), probe=ports.probe
+        HOSTS, tmp_path / "c", ports.port, 60, command=relay(tmp_path, together="eof"), resolve=ports.resolve
     )
     close_all(links)
     assert all((tmp_path / f"eof-{host}").exists() for host in HOSTS)
     assert [worker.proc.returncode for worker in links] == [0] * len(HOSTS)
 
 
-def test_the_port_probe_says_why_a_port_is_closed() -> None:
-    assert port_open("localhost", 9, 2.0) == "port 9: Connection refused"
-    assert port_open("no-such-host.invalid", 22, 2.0).startswith("cannot resolve no-such-host.invalid")
+def test_a_host_that_does_not_resolve_or_refuses_is_named_with_why(tmp_path: Path) -> None:
+    """The real lookup and connect: a name that does not resolve, and localhost on a closed port."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        closed = int(free.getsockname()[1])
+    with pytest.raises(PeerError) as info:
+        connect_all(["no-such-host.invalid", "localhost"], tmp_path / "c", closed, 1.0)
+    last = str(info.value).split("last: ")[-1]
+    assert last.startswith("no-such-host.invalid: cannot resolve no-such-host.invalid (")
+    assert last.endswith(f"; localhost: port {closed}: Connection refused)")
 
 
 def test_the_ssh_config_prefers_a_cheap_key_exchange_that_ssh_accepts(tmp_path: Path) -> None:

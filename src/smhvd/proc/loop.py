@@ -7,14 +7,14 @@ Each round fires the timers that are due, then waits for the next event (at most
 calls each ready file's callback. Once `stop()` was called nothing more is handled: neither the rest of the
 round's events nor due timers (as the hand-written loops it replaces returned at once).
 
-It runs what were six selector loops of their own: "read this process's output until it exits"
+It runs what were seven selector loops of their own: "read this process's output until it exits"
 (`follow_output`) for the rank wrapper (with its progress-bar timer) and the preparation steps (with their
 deadline), the link relay, the supervisor's mpirun (stderr, signals, exit; its timers), the worker's wait for
-the leader (the link server and links, signals; its deadlines) and the host environment's server (in a thread
+the leader (the link server and links, signals; its deadlines), the host environment's server (in a thread
 of its own, roles/hostenv.py, since it answers ranks while the main thread is busy: its answers as writers,
-their send deadlines as one timer). Not (yet) the peers' connect loop (roles/peers.py: a step function under
-the one bounded wait, waking on ssh output and on TCP probes that block in a thread pool; on this loop the
-probes would be non-blocking connects).
+their send deadlines as one timer) and the leader's connect loop (roles/peers.py: each worker's port probe a
+non-blocking connect as a writer, each ssh attempt's output a reader and its exit a pidfd, the retry delays
+and the deadline timers, signals through the wakeup fd it borrows).
 """
 
 from __future__ import annotations
@@ -72,11 +72,13 @@ class Loop:
     def forget(self, file: File) -> None:
         self._sel.unregister(file)
 
-    def exit_of(self, pid: int, callback: Callable[[], object]) -> None:
-        """Call `callback` when the child `pid` has exited (it stays a zombie until its owner reaps it)."""
+    def exit_of(self, pid: int, callback: Callable[[], object]) -> int:
+        """Call `callback` when the child `pid` has exited (it stays a zombie until its owner reaps it). The
+        pidfd, to `forget` it by (it stays open until the loop ends)."""
         fd = os.pidfd_open(pid)
         self._pidfds.append(fd)
         self._sel.register(fd, selectors.EVENT_READ, callback)
+        return fd
 
     def stop(self) -> None:
         """End `run` once the running callback returns."""

@@ -1,36 +1,45 @@
 """Leader side: reach every worker (in parallel, bounded, backed-off retries) and keep a link to each.
 
-Every worker is reached at once, so N workers cost about one worker's latency, not N:
-- readiness is probed cheaply first, a TCP connect to the worker's sshd port (PROBE_THREADS threads, so a
-  slow name lookup holds up no other host), again every PROBE_MAX seconds at most while it is refused: an ssh
-  attempt against a closed port would still cost a process, and a handshake costs the leader's CPU;
-- an open port gets an ssh attempt, at most MAX_SSH_IN_FLIGHT at once; a failed one is retried, backed off;
-- the loop sleeps until an ssh session prints or exits, or a probe answers (LOOP_MAX_SLEEP at most);
+Every worker is reached at once, on the one event loop (proc/loop.py), so N workers cost about one worker's
+latency, not N, and nothing polls:
+- readiness is probed cheaply first: a non-blocking TCP connect to the worker's sshd port (a writer on the
+  loop, its answer read with SO_ERROR, PROBE_TIMEOUT a timer), again after probe_delay while it is refused:
+  an ssh attempt against a closed port would still cost a process, and a handshake costs the leader's CPU.
+  The name lookup before it is the one blocking call (getaddrinfo has no non-blocking form): /etc/hosts or a
+  resolver answers it in about a millisecond; a resolver that does not answer holds up the loop for its
+  timeout (an ssh to that host would wait as long);
+- an open port gets an ssh attempt, at most MAX_SSH_IN_FLIGHT at once: its stdout a reader (the relay
+  says `ready`), its exit a pidfd, ATTEMPT_TIMEOUT a timer; a failed one is retried after retry_delay (the
+  port probed first);
+- the overall deadline is a timer; a signal wakes the loop at once, and `stop_requested()` says if it was a
+  stop;
 - closing the links (close_all) closes every session first, then waits for all, under one deadline.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import logging
 import os
-import select
-import selectors
+import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from smhvd import wire
 from smhvd.errors import PeerError, Stopped
+from smhvd.proc.loop import Loop
 from smhvd.proc.processes import die_with_parent
 from smhvd.proc.ssh import ssh_command
-from smhvd.proc.waiting import NotYet, wait_until
+from smhvd.proc.timers import Timers
 
 log = logging.getLogger("smhvd")
 
@@ -38,12 +47,11 @@ ATTEMPT_TIMEOUT = 15.0  # one ssh attempt: connect + start the relay
 PROBE_TIMEOUT = 2.0  # one TCP connect to a worker's sshd port
 PROBE_FIRST = 0.05  # the first re-probe of a refused port; then x1.6 up to PROBE_MAX
 PROBE_MAX = 0.25  # a worker whose sshd starts is noticed within this (plus one probe)
-PROBE_THREADS = 16
 MAX_SSH_IN_FLIGHT = 64  # ssh attempts at once (each is a process and a handshake on the leader)
 CLOSE_TIMEOUT = 5.0
-LOOP_MAX_SLEEP = 0.1  # the loop wakes on every event; at the latest after this (a stop is noticed)
 
-Probe = Callable[[str, int, float], "str | None"]
+Address = tuple[socket.AddressFamily, tuple[Any, ...]]  # a socket family and an address of it
+Resolve = Callable[[str, int], Sequence[Address]]
 Command = Callable[[str], list[str]]
 
 
@@ -92,15 +100,12 @@ def close_all(links: Sequence[WorkerLink], timeout: float = CLOSE_TIMEOUT) -> No
         worker.reap(deadline)
 
 
-def port_open(host: str, port: int, timeout: float) -> str | None:
-    """None when `host` accepts a TCP connection on `port`, else why not (one line)."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except socket.gaierror as exc:
-        return f"cannot resolve {host} ({exc.strerror})"
-    except OSError as exc:
-        return f"port {port}: {exc.strerror or exc}"
+def addresses(host: str, port: int) -> list[Address]:
+    """Where `host` takes TCP connections on `port`, in the resolver's order; socket.gaierror if nowhere."""
+    return [
+        (family, address)
+        for family, _, _, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    ]
 
 
 def probe_delay(failures: int) -> float:
@@ -114,102 +119,199 @@ def retry_delay(attempts: int) -> float:
 
 
 @dataclass
-class _Attempts:
+class _Worker:
     """Reaching one worker: probes of its port, then ssh attempts, all started from the main thread
     (PR_SET_PDEATHSIG is per thread)."""
 
     host: str
     argv: list[str]
-    proc: subprocess.Popen[bytes] | None = None
-    probe: Future[str | None] | None = None
-    port_is_open: bool = False
+    probe: socket.socket | None = None  # a connect under way
+    untried: list[Address] = field(default_factory=list)  # the addresses this probe has yet to try
     probes_failed: int = 0
-    started: float = 0.0
-    next_try: float = 0.0
+    proc: subprocess.Popen[bytes] | None = None  # an ssh attempt under way
+    out: int = -1  # its stdout
+    pidfd: int = -1
+    said: bytes = b""
     count: int = 0
     last_error: str = "not tried yet"
+    link: WorkerLink | None = None
 
-    def start(self, now: float) -> None:
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            preexec_fn=die_with_parent,  # noqa: PLW1509  (if the leader dies, the session closes)
-        )
-        self.port_is_open = False
-        self.started = now
-        self.count += 1
+    @property
+    def timer(self) -> str:
+        """Its one timer: the probe's timeout, the next probe, or the attempt's timeout."""
+        return f"worker {self.host}"
 
-    def probed(self, now: float) -> None:
-        """Take the finished probe's answer: the port is open, or probe again later."""
-        assert self.probe is not None
-        error = self.probe.result()
-        self.probe = None
-        if error is None:
-            self.port_is_open = True
-            self.probes_failed = 0
+
+class _Reaching:
+    """The wait for every worker's link, as callbacks on `loop`: it stops once all are linked."""
+
+    def __init__(self, loop: Loop, workers: Sequence[_Worker], port: int, resolve: Resolve) -> None:
+        self.loop = loop
+        self.workers = workers
+        self.port = port
+        self.resolve = resolve
+        self.port_open: deque[_Worker] = deque()  # waiting for a free ssh slot
+        self.in_flight = 0
+
+    def probe(self, worker: _Worker) -> None:
+        try:
+            worker.untried = list(self.resolve(worker.host, self.port))
+        except socket.gaierror as exc:
+            self._refused(worker, f"cannot resolve {worker.host} ({exc.strerror})")
             return
-        self.last_error = error
-        self.probes_failed += 1
-        self.next_try = now + probe_delay(self.probes_failed)
+        if not worker.untried:
+            self._refused(worker, f"cannot resolve {worker.host} (no address)")
+            return
+        self._connect(worker)
 
-    def poll(self, now: float) -> WorkerLink | None:
-        """The link once the relay said ready; on a failed attempt, schedule the next one (backed off)."""
-        proc = self.proc
-        assert proc is not None
-        assert proc.stdout is not None
-        readable, _, _ = select.select([proc.stdout], [], [], 0)
-        if readable:
-            line = proc.stdout.readline()
-            if line == wire.READY:
-                return WorkerLink(self.host, proc)
-        elif proc.poll() is None and now - self.started < ATTEMPT_TIMEOUT:
-            return None  # still connecting
+    def _connect(self, worker: _Worker) -> None:
+        """A non-blocking connect to the next address: its answer when the socket turns writable."""
+        family, address = worker.untried.pop(0)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        error = sock.connect_ex(address)
+        if error != errno.EINPROGRESS:
+            sock.close()
+            self._probed(worker, os.strerror(error) if error else None)
+            return
+        worker.probe = sock
+        self.loop.writer(sock, functools.partial(self._connected, worker))
+        self.loop.timers.after(worker.timer, PROBE_TIMEOUT, functools.partial(self._probe_timed_out, worker))
+
+    def _connected(self, worker: _Worker) -> None:
+        assert worker.probe is not None
+        error = worker.probe.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        self._end_probe(worker)
+        self._probed(worker, os.strerror(error) if error else None)
+
+    def _probe_timed_out(self, worker: _Worker) -> None:
+        self._end_probe(worker)
+        self._probed(worker, "timed out")
+
+    def _end_probe(self, worker: _Worker) -> None:
+        if worker.probe is not None:
+            self.loop.forget(worker.probe)
+            worker.probe.close()
+            worker.probe = None
+        self.loop.timers.cancel(worker.timer)
+
+    def _probed(self, worker: _Worker, error: str | None) -> None:
+        """The port is open (error None): an ssh attempt once a slot is free; else the next address, or a
+        probe again later."""
+        if error is None:
+            worker.probes_failed = 0
+            self.port_open.append(worker)
+            self._start_sessions()
+        elif worker.untried:
+            worker.last_error = f"port {self.port}: {error}"
+            self._connect(worker)
+        else:
+            self._refused(worker, f"port {self.port}: {error}")
+
+    def _refused(self, worker: _Worker, error: str) -> None:
+        worker.last_error = error
+        worker.probes_failed += 1
+        self.loop.timers.after(
+            worker.timer, probe_delay(worker.probes_failed), functools.partial(self.probe, worker)
+        )
+
+    def _start_sessions(self) -> None:
+        while self.port_open and self.in_flight < MAX_SSH_IN_FLIGHT:
+            worker = self.port_open.popleft()
+            proc = subprocess.Popen(
+                worker.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=die_with_parent,  # noqa: PLW1509  (if the leader dies, the session closes)
+            )
+            assert proc.stdout is not None
+            worker.proc, worker.out, worker.said = proc, proc.stdout.fileno(), b""
+            worker.count += 1
+            self.in_flight += 1
+            self.loop.reader(worker.out, functools.partial(self._output, worker))
+            worker.pidfd = self.loop.exit_of(proc.pid, functools.partial(self._failed, worker))
+            self.loop.timers.after(worker.timer, ATTEMPT_TIMEOUT, functools.partial(self._failed, worker))
+
+    def _output(self, worker: _Worker) -> None:
+        """The relay's first line: `ready` links the worker; anything else (or the end) fails the attempt."""
+        chunk = os.read(worker.out, 4096)
+        worker.said += chunk
+        if chunk and b"\n" not in worker.said:
+            return
+        if chunk and worker.said.split(b"\n", 1)[0] + b"\n" == wire.READY:
+            worker.link = WorkerLink(worker.host, self._end_session(worker))
+            self._start_sessions()
+            if all(w.link is not None for w in self.workers):
+                self.loop.stop()
+        else:
+            self._failed(worker)
+
+    def _failed(self, worker: _Worker) -> None:
+        """The attempt exited, said something other than `ready`, or timed out: another one, backed off."""
+        proc = self._end_session(worker)
         proc.kill()
         _, err = proc.communicate()
         lines = err.decode(errors="replace").strip().splitlines()
-        self.last_error = lines[-1] if lines else f"no answer within {ATTEMPT_TIMEOUT:g}s"
-        self.proc = None
-        self.next_try = now + retry_delay(self.count)
-        return None
+        worker.last_error = lines[-1] if lines else f"no answer within {ATTEMPT_TIMEOUT:g}s"
+        self.loop.timers.after(worker.timer, retry_delay(worker.count), functools.partial(self.probe, worker))
+        self._start_sessions()
+
+    def _end_session(self, worker: _Worker) -> subprocess.Popen[bytes]:
+        """Stop watching the attempt; its process."""
+        proc = worker.proc
+        assert proc is not None
+        self.loop.forget(worker.out)
+        self.loop.forget(worker.pidfd)
+        self.loop.timers.cancel(worker.timer)
+        worker.proc = None
+        self.in_flight -= 1
+        return proc
+
+    def abandon(self) -> None:
+        """End every probe and attempt under way (the wait failed or was stopped)."""
+        for worker in self.workers:
+            self._end_probe(worker)
+            if worker.proc is not None:
+                proc = self._end_session(worker)
+                proc.kill()
+                proc.wait()
+
+    def missing(self) -> str:
+        """Each worker not linked, with its last error."""
+        return "; ".join(f"{w.host}: {w.last_error}" for w in self.workers if w.link is None)
 
 
-class _Wakeup:
-    """Sleeps until an ssh session has output (or ended), a probe finished, or the time is up."""
+@contextlib.contextmanager
+def _signals_wake(loop: Loop, on_signal: Callable[[], object]) -> Iterator[None]:
+    """Call `on_signal` whenever a signal (one with a handler) arrives, without taking it from whoever watched
+    for signals before: signal.set_wakeup_fd is borrowed, and each signal passed on to the fd set before (the
+    leader's SignalWatch, which `stop_requested()` reads). Main thread only."""
+    receive, send = socket.socketpair()
+    receive.setblocking(False)
+    send.setblocking(False)
+    previous = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
 
-    def __init__(self) -> None:
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)
-        self._lock = threading.Lock()  # notify() from a probe thread never writes to a closed (reused) fd
-        self._closed = False
-        self.selector = selectors.DefaultSelector()
-        self.selector.register(self._read, selectors.EVENT_READ)
+    def pass_on() -> None:
+        with contextlib.suppress(BlockingIOError):
+            while received := receive.recv(512):
+                if previous >= 0:
+                    with contextlib.suppress(OSError):
+                        os.write(previous, received)
 
-    def notify(self, _future: object = None) -> None:
-        with self._lock, contextlib.suppress(BlockingIOError):
-            if not self._closed:
-                os.write(self._write, b"x")
+    def arrived() -> None:
+        pass_on()
+        on_signal()
 
-    def sleep(self, attempts: Sequence[_Attempts], seconds: float) -> None:
-        watched = [a.proc.stdout for a in attempts if a.proc is not None and a.proc.stdout is not None]
-        for stream in watched:
-            self.selector.register(stream, selectors.EVENT_READ)
-        try:
-            for key, _ in self.selector.select(seconds):
-                if key.fileobj == self._read:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._read, 4096)
-        finally:
-            for stream in watched:
-                self.selector.unregister(stream)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self.selector.close()
-            os.close(self._read)
-            os.close(self._write)
+    loop.reader(receive, arrived)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
+        pass_on()  # what arrived since the last look
+        loop.forget(receive)
+        receive.close()
+        send.close()
 
 
 def connect_all(
@@ -220,63 +322,41 @@ def connect_all(
     stop_requested: Callable[[], bool] = lambda: False,
     clock: Callable[[], float] = time.monotonic,
     command: Command | None = None,
-    probe: Probe = port_open,
+    resolve: Resolve = addresses,
 ) -> list[WorkerLink]:
     """Links to every host, or PeerError naming each host that did not come up (the others are closed).
-    `command(host)` is the argv of one attempt (default: ssh to the host's link relay); `probe(host, port,
-    timeout)` says why the host is not ready yet, or None (default: a TCP connect to its sshd)."""
+    `stop_requested()` is asked at the start and whenever a signal arrives (Stopped if it says so).
+    `command(host)` is the argv of one attempt (default: ssh to the host's link relay); `resolve(host, port)`
+    the addresses its sshd is probed at (default: the resolver's). From the main thread."""
     remote = [sys.executable, "-m", "smhvd.link", str(port)]
     argv_for = command or (lambda host: ssh_command(ssh_config, host, remote))
-    attempts = [_Attempts(host, argv_for(host)) for host in hosts]
-    links: dict[str, WorkerLink] = {}
-    wakeup = _Wakeup()
-    pool = ThreadPoolExecutor(max_workers=min(PROBE_THREADS, max(1, len(hosts))), thread_name_prefix="probe")
+    workers = [_Worker(host, argv_for(host)) for host in hosts]
+    what = "workers " + ", ".join(hosts)
 
-    def step() -> list[WorkerLink] | None:
+    def check_stop() -> None:
         if stop_requested():
-            raise Stopped("stopped while waiting for workers " + ", ".join(hosts))
-        now = clock()
-        for attempt in attempts:  # sessions under way: ready, still connecting, or failed
-            if attempt.proc is not None and attempt.host not in links:
-                worker = attempt.poll(now)
-                if worker is not None:
-                    links[attempt.host] = worker
-        waiting = [a for a in attempts if a.host not in links and a.proc is None]
-        in_flight = sum(1 for a in attempts if a.host not in links and a.proc is not None)
-        for attempt in waiting:  # probes answered, sessions to start, probes to send
-            if attempt.probe is not None and attempt.probe.done():
-                attempt.probed(now)
-            if attempt.port_is_open and in_flight < MAX_SSH_IN_FLIGHT:
-                attempt.start(now)
-                in_flight += 1
-            elif not attempt.port_is_open and attempt.probe is None and now >= attempt.next_try:
-                attempt.probe = pool.submit(probe, attempt.host, port, PROBE_TIMEOUT)
-                attempt.probe.add_done_callback(wakeup.notify)
-        if len(links) == len(attempts):
-            return [links[a.host] for a in attempts]
-        raise NotYet("; ".join(f"{a.host}: {a.last_error}" for a in attempts if a.host not in links))
+            raise Stopped("stopped while waiting for " + what)
 
-    try:
-        return wait_until(
-            step,
-            what="workers " + ", ".join(hosts),
-            timeout=timeout,
-            initial=LOOP_MAX_SLEEP,
-            maximum=LOOP_MAX_SLEEP,
-            factor=1.0,
-            clock=clock,
-            sleep=lambda seconds: wakeup.sleep([a for a in attempts if a.host not in links], seconds),
-            error=PeerError,
-        )
-    except (PeerError, Stopped) as exc:
-        for attempt in attempts:
-            if attempt.proc is not None and attempt.host not in links:
-                attempt.proc.kill()
-                attempt.proc.wait()
-        for worker in links.values():
-            worker.send({"event": "end", "exit_code": exc.exit_code, "reason": str(exc)})
-        close_all(list(links.values()))
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # none in flight once every host is linked
-        wakeup.close()
+    with Loop(Timers(clock)) as loop, _signals_wake(loop, check_stop):
+        check_stop()
+        if not workers:
+            return []
+        reaching = _Reaching(loop, workers, port, resolve)
+
+        def timed_out() -> None:
+            raise PeerError(f"timed out after {timeout:g}s waiting for {what} (last: {reaching.missing()})")
+
+        loop.timers.after("deadline", timeout, timed_out)
+        try:
+            for worker in workers:
+                reaching.probe(worker)
+            loop.run()
+        except BaseException as exc:
+            reaching.abandon()
+            links = [w.link for w in workers if w.link is not None]
+            if isinstance(exc, PeerError | Stopped):  # the workers reached end with the leader's exit code
+                for link in links:
+                    link.send({"event": "end", "exit_code": exc.exit_code, "reason": str(exc)})
+            close_all(links)
+            raise
+    return [w.link for w in workers if w.link is not None]
