@@ -29,16 +29,18 @@ pytestmark = pytest.mark.integration
 HOSTS = ["algo-2", "algo-3", "algo-4", "algo-5"]
 # A stand-in for `ssh HOST python -m smhvd.link PORT`: records its start, says ready (and records that), holds
 # the session until its input ends, records what it was told ("told-HOST") and the end, and exits.
-# argv: MARKS HOST TOGETHER SESSIONS. TOGETHER names the marks ("start", "eof") at which it waits until all
-# SESSIONS made the same one: it says ready only once every session started, and exits only once every
-# session saw its input end. A leader that waited for one worker
-# before starting (or hanging up on) the next would wait forever: the leader's own deadline ends the test,
-# and the relay's (60 s) the relay, with exit 3. Behaviour, not timing: a loaded machine is only slower.
+# argv: MARKS HOST TOGETHER SESSIONS FAILING. TOGETHER names the marks ("start", "eof") at which it waits
+# until all SESSIONS made the same one: it says ready only once every session started, and exits only once
+# every session saw its input end. A leader that waited for one worker before starting (or hanging up on) the
+# next would wait forever: the leader's own deadline ends the test, and the relay's (60 s) the relay, with
+# exit 3. Behaviour, not timing: a loaded machine is only slower. FAILING is HOST:N: the first N tries on HOST
+# fail as the real relay does when no launcher waits on its host yet (a line on stderr, a non-zero exit).
 RELAY = """
 import sys, time
 from pathlib import Path
 marks, host, together = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
 sessions = int(sys.argv[4])
+failing_host, failing = sys.argv[5].split(":")
 
 def mark(kind):
     (marks / f"{kind}-{host}").write_text(repr(time.time()))
@@ -51,6 +53,8 @@ def mark(kind):
 
 with (marks / f"tries-{host}").open("a") as tries:
     tries.write("x")
+if host == failing_host and len((marks / f"tries-{host}").read_text()) <= int(failing):
+    sys.exit("smhvd.link: no launcher is waiting on this host")
 mark("start")
 sys.stdout.write("ready\\n"); sys.stdout.flush()
 mark("ready")
@@ -59,9 +63,11 @@ mark("eof")
 """
 
 
-def relay(marks: Path, together: str = "") -> Callable[[str], list[str]]:
+def relay(marks: Path, together: str = "", failing: str = ":0") -> Callable[[str], list[str]]:
+    """`failing`: HOST:N, the first N tries on HOST fail."""
+
     def command(host: str) -> list[str]:
-        return [sys.executable, "-c", RELAY, str(marks), host, together, str(len(HOSTS))]
+        return [sys.executable, "-c", RELAY, str(marks), host, together, str(len(HOSTS)), failing]
 
     return command
 
@@ -160,6 +166,33 @@ def test_a_worker_that_never_comes_up_is_named_and_the_others_are_told(
             "exit_code": EX_UNAVAILABLE,
             "reason": str(info.value),
         }
+
+
+def test_a_failed_attempt_is_tried_again_and_its_error_named(tmp_path: Path, ports: SshPorts) -> None:
+    """algo-3's port is open but its first two sessions fail (no launcher waits there yet): a third one links
+    it; one that always fails is named with the last line it wrote on stderr."""
+    ports.open(*HOSTS)
+    links = connect_all(
+        HOSTS,
+        tmp_path / "c",
+        ports.port,
+        60,
+        command=relay(tmp_path, failing="algo-3:2"),
+        resolve=ports.resolve,
+    )
+    close_all(links)
+    assert [worker.host for worker in links] == HOSTS
+    assert len((tmp_path / "tries-algo-3").read_text()) == 3
+    with pytest.raises(PeerError) as info:
+        connect_all(
+            HOSTS,
+            tmp_path / "c",
+            ports.port,
+            1.0,
+            command=relay(tmp_path, failing="algo-4:99"),
+            resolve=ports.resolve,
+        )
+    assert str(info.value).endswith("(last: algo-4: smhvd.link: no launcher is waiting on this host)")
 
 
 def test_a_stop_signal_ends_the_wait_and_the_workers_reached_are_told(
