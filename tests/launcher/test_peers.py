@@ -20,7 +20,7 @@ import pytest
 from smhvd import wire
 from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, PeerError, Stopped
 from smhvd.proc.signals import SignalWatch
-from smhvd.roles.peers import Address, close_all, connect_all
+from smhvd.roles.peers import Address, Resolve, WorkerLink, close_all, connect_all
 from smhvd.roles.sshd import render_ssh_config
 from support.ci import unavailable
 
@@ -104,6 +104,26 @@ class SshPorts:
     def resolve(host: str, port: int) -> list[Address]:
         return [(socket.AF_INET, (ADDRESSES[host], port))]
 
+    def reach(
+        self,
+        marks: Path,
+        timeout: float = 60,
+        stop_requested: Callable[[], bool] = lambda: False,
+        resolve: Resolve | None = None,
+        **relay_options: str,
+    ) -> list[WorkerLink]:
+        """connect_all to HOSTS at these ports, each session a RELAY (`relay_options`: together, failing)."""
+        command = relay(marks, **relay_options)
+        return connect_all(
+            HOSTS,
+            marks / "ssh_config",
+            self.port,
+            timeout,
+            stop_requested,
+            command=command,
+            resolve=resolve or self.resolve,
+        )
+
     def close(self) -> None:
         for sock in self.listening.values():
             sock.close()
@@ -121,10 +141,7 @@ def ports() -> Iterator[SshPorts]:
 def test_every_worker_is_reached_at_once(tmp_path: Path, ports: SshPorts) -> None:
     """No session waits for another to be ready: each relay is ready only once all four started."""
     ports.open(*HOSTS)
-    command = relay(tmp_path, together="start")
-    links = connect_all(
-        HOSTS, tmp_path / "ssh_config", ports.port, 60, command=command, resolve=ports.resolve
-    )
+    links = ports.reach(tmp_path, together="start")
     try:
         assert [worker.host for worker in links] == HOSTS
     finally:
@@ -144,7 +161,7 @@ def test_no_session_is_tried_before_the_workers_port_answers(tmp_path: Path, por
             ports.open("algo-3")
         return ports.resolve(host, port)
 
-    links = connect_all(HOSTS, tmp_path / "c", ports.port, 60, command=relay(tmp_path), resolve=resolve)
+    links = ports.reach(tmp_path, resolve=resolve)
     close_all(links)
     assert probes["algo-3"] == 4
     assert {host: len((tmp_path / f"tries-{host}").read_text()) for host in HOSTS} == dict.fromkeys(HOSTS, 1)
@@ -157,7 +174,7 @@ def test_a_worker_that_never_comes_up_is_named_and_the_others_are_told(
     with pytest.raises(
         PeerError, match=rf"workers algo-2, algo-3.*algo-3: port {ports.port}: Connection refused"
     ) as info:
-        connect_all(HOSTS, tmp_path / "c", ports.port, 2.0, command=relay(tmp_path), resolve=ports.resolve)
+        ports.reach(tmp_path, 2.0)
     assert "algo-2:" not in str(info.value).split("last:")[-1]  # only the missing host is blamed
     assert not (tmp_path / "tries-algo-3").exists()
     for host in ("algo-2", "algo-4", "algo-5"):  # the workers that were reached got the end and a hang-up
@@ -172,26 +189,12 @@ def test_a_failed_attempt_is_tried_again_and_its_error_named(tmp_path: Path, por
     """algo-3's port is open but its first two sessions fail (no launcher waits there yet): a third one links
     it; one that always fails is named with the last line it wrote on stderr."""
     ports.open(*HOSTS)
-    links = connect_all(
-        HOSTS,
-        tmp_path / "c",
-        ports.port,
-        60,
-        command=relay(tmp_path, failing="algo-3:2"),
-        resolve=ports.resolve,
-    )
+    links = ports.reach(tmp_path, failing="algo-3:2")
     close_all(links)
     assert [worker.host for worker in links] == HOSTS
     assert len((tmp_path / "tries-algo-3").read_text()) == 3
     with pytest.raises(PeerError) as info:
-        connect_all(
-            HOSTS,
-            tmp_path / "c",
-            ports.port,
-            1.0,
-            command=relay(tmp_path, failing="algo-4:99"),
-            resolve=ports.resolve,
-        )
+        ports.reach(tmp_path, 1.0, failing="algo-4:99")
     assert str(info.value).endswith("(last: algo-4: smhvd.link: no launcher is waiting on this host)")
 
 
@@ -216,15 +219,7 @@ def test_a_stop_signal_ends_the_wait_and_the_workers_reached_are_told(
         SignalWatch() as watch,
         pytest.raises(Stopped, match="stopped while waiting for workers algo-2") as info,
     ):
-        connect_all(
-            HOSTS,
-            tmp_path / "c",
-            ports.port,
-            60,
-            watch.stop_requested,
-            command=relay(tmp_path),
-            resolve=resolve,
-        )
+        ports.reach(tmp_path, 60, watch.stop_requested, resolve)
     for host in ("algo-2", "algo-4", "algo-5"):
         assert told(tmp_path, host) == {"event": "end", "exit_code": EX_STOPPED, "reason": str(info.value)}
 
@@ -233,9 +228,7 @@ def test_closing_hangs_up_on_every_worker_before_waiting_for_any(tmp_path: Path,
     """Each relay exits only once all four saw their input end: waiting for one before hanging up on the next
     would keep the first one waiting until close_all's deadline kills it (a non-zero exit)."""
     ports.open(*HOSTS)
-    links = connect_all(
-        HOSTS, tmp_path / "c", ports.port, 60, command=relay(tmp_path, together="eof"), resolve=ports.resolve
-    )
+    links = ports.reach(tmp_path, together="eof")
     close_all(links)
     assert all((tmp_path / f"eof-{host}").exists() for host in HOSTS)
     assert [worker.proc.returncode for worker in links] == [0] * len(HOSTS)
