@@ -309,11 +309,17 @@ class Cluster:
 
     # ----- checks -----
     def leftovers(self) -> list[str]:
-        """What is still present of this cluster after down(): the answer must be empty."""
+        """What is still present of this cluster after down(): the answer must be empty. A process counts
+        when it is in one of the hosts' network namespaces and sees that host's own /etc/hosts file: the
+        namespace numbers alone may already name the hosts of a cluster started since (procfs.py)."""
+        own_files = {
+            procfs.file_id(self.host_dir(name) / "etc" / "hosts") for name in self.spec.host_names
+        } - {None}
         found = [
             f"process {pid} ({' '.join(processes.cmdline(pid))[:60]})"
             for pid in list(processes.read_process_table())
             if procfs.namespace_id(pid, "net") in self._net_namespaces
+            and procfs.file_seen_by(pid, "/etc/hosts") in own_files
         ]
         found += [
             f"link {link.name}"

@@ -155,6 +155,21 @@ def test_a_cluster_that_ends_leaves_the_mountpoints_a_live_cluster_uses(make_clu
     assert not ml.parent.exists()
 
 
+def test_leftovers_are_its_own_hosts_processes_not_those_of_a_cluster_started_after_it(
+    make_cluster: MakeCluster,
+) -> None:
+    """A namespace's number goes to the next namespace made once it ends: the hosts of a cluster started
+    after a teardown usually get the old hosts' numbers (a concurrent test's hosts were listed as left
+    over)."""
+    first = make_cluster(2)
+    while_up = [item for item in first.leftovers() if item.startswith("process ")]
+    assert len(while_up) == 4, while_up  # each host's unshare and PID 1
+    first.down()
+    second = make_cluster(2)
+    assert first.leftovers() == []
+    assert len([item for item in second.leftovers() if item.startswith("process ")]) == 4
+
+
 def test_teardown_after_an_error_leaves_nothing(cluster_tools: None, tmp_path: Path) -> None:
     cluster = Cluster(ClusterSpec(hosts=2, workdir=tmp_path))
     namespaces: list[int | None] = []
