@@ -48,12 +48,16 @@ host_mirror() {
 mirror=${mirror:-$(host_mirror)}
 mirror=${mirror:-http://deb.debian.org/debian}
 
-if [ "$force" = 0 ] && podman image exists "$tag"; then
+# The recipe's version: an image or tarball made by an older recipe is made again.
+recipe=slim-1
+slim_cfg=$(dirname "$(readlink -f "$0")")/../docker/dpkg-slim.cfg
+if [ "$force" = 0 ] && podman image exists "$tag" &&
+  [ "$(podman image inspect --format '{{index .Labels "smhvd.base-recipe"}}' "$tag")" = "$recipe" ]; then
   echo "make-base-image: $tag already present"
   exit 0
 fi
 
-tarball="$cache/debian-$suite-minbase.tar"
+tarball="$cache/debian-$suite-$recipe.tar"
 if [ "$force" = 1 ] || [ ! -s "$tarball" ]; then
   mkdir -p "$cache"
   rootfs=$(mktemp -d "$cache/rootfs.XXXXXX")
@@ -66,11 +70,17 @@ if [ "$force" = 1 ] || [ ! -s "$tarball" ]; then
   }
   printf 'deb %s %s main\ndeb %s %s-updates main\n' "$mirror" "$suite" "$mirror" "$suite" \
     >"$rootfs/etc/apt/sources.list"
-  # As in Docker's official slim images: no package caches or lists, no man pages.
-  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs"/usr/share/man/*
+  # As Debian's slim images: no package caches or lists; no translations, manuals or documentation but the
+  # copyright files, now (what debootstrap unpacked) and for every package installed later (docker/dpkg-slim.cfg).
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+  rm -rf "$rootfs"/usr/share/locale/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* \
+    "$rootfs"/usr/share/groff/* "$rootfs"/usr/share/lintian/overrides/*
+  find "$rootfs"/usr/share/doc -mindepth 1 -not -type d -not -name copyright -delete
+  find "$rootfs"/usr/share/doc -mindepth 1 -type d -empty -delete
+  install -m 0644 "$slim_cfg" "$rootfs/etc/dpkg/dpkg.cfg.d/smhvd-slim"
   tar --numeric-owner -C "$rootfs" -cf "$tarball.partial" .
   mv "$tarball.partial" "$tarball"
 fi
 
-podman import --change 'CMD ["bash"]' "$tarball" "$tag" >/dev/null
+podman import --change 'CMD ["bash"]' --change "LABEL smhvd.base-recipe=$recipe" "$tarball" "$tag" >/dev/null
 echo "make-base-image: imported $tag ($(du -h "$tarball" | cut -f1) rootfs)"

@@ -118,7 +118,7 @@ def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: 
         podman(engine_env, "image", "inspect", "--format", "{{.ManifestType}}", cpu_image.immutable).strip()
         == DOCKER_V2
     )
-    assert info["Size"] <= 2.5 * GB, f"CPU image is {info['Size'] / GB:.2f} GB, the target is <= 2.5 GB"
+    assert info["Size"] <= 1.5 * GB, f"CPU image is {info['Size'] / GB:.3f} GB, the budget is <= 1.5 GB"
     record_timing("size-cpu", 0, bytes=info["Size"])
 
     probe = (

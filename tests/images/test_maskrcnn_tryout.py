@@ -36,6 +36,7 @@ SECTION = re.compile(r"^## Try", re.MULTILINE)
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 # tensorpack's example, the page's table: (file, text as published, text after the change)
 TWO_LINES = (("common.py", "dtype=np.bool)", "dtype=bool)"), ("data.py", "dtype=np.int)", "dtype=int)"))
+REQUIREMENTS = "scipy==1.13.1\n"
 
 
 def page_job(page: Path) -> tuple[dict[str, object], list[str]]:
@@ -132,6 +133,7 @@ def tensorpack_example_tryout_runs_as_the_page_says(
         text = (example / name).read_text()
         assert text.count(before) == 1, f"{name}: expected one '{before}' (the page's table)"
         (example / name).write_text(text.replace(before, after))
+    (example / "requirements.txt").write_text(REQUIREMENTS)  # the page's third row: SciPy, not in the image
     work = tmp_path / "maskrcnn-tryout-tensorpack"
     proc, seconds = run_page_job(
         REPO / "docs" / "tensorpack-example.md",
