@@ -108,7 +108,7 @@ class SshPorts:
         self,
         marks: Path,
         timeout: float = 60,
-        stop_requested: Callable[[], bool] = lambda: False,
+        signals: SignalWatch | None = None,
         resolve: Resolve | None = None,
         **relay_options: str,
     ) -> list[WorkerLink]:
@@ -119,7 +119,7 @@ class SshPorts:
             marks / "ssh_config",
             self.port,
             timeout,
-            stop_requested,
+            signals,
             command=command,
             resolve=resolve or self.resolve,
         )
@@ -219,7 +219,7 @@ def test_a_stop_signal_ends_the_wait_and_the_workers_reached_are_told(
         SignalWatch() as watch,
         pytest.raises(Stopped, match="stopped while waiting for workers algo-2") as info,
     ):
-        ports.reach(tmp_path, 60, watch.stop_requested, resolve)
+        ports.reach(tmp_path, 60, watch, resolve)
     for host in ("algo-2", "algo-4", "algo-5"):
         assert told(tmp_path, host) == {"event": "end", "exit_code": EX_STOPPED, "reason": str(info.value)}
 

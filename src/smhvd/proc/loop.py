@@ -14,7 +14,7 @@ the leader (the link server and links, signals; its deadlines), the host environ
 of its own, roles/hostenv.py, since it answers ranks while the main thread is busy: its answers as writers,
 their send deadlines as one timer) and the leader's connect loop (roles/peers.py: each worker's port probe a
 non-blocking connect as a writer, each ssh attempt's output a reader and its exit a pidfd, the retry delays
-and the deadline timers, signals through the wakeup fd it borrows).
+and the deadline timers, the caller's SignalWatch).
 """
 
 from __future__ import annotations

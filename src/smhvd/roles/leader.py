@@ -127,7 +127,7 @@ def run_leader(
                 ssh_config,
                 port,
                 job.options.launcher.peer_timeout,
-                watch.stop_requested,
+                watch,
             )
             tell_all(links, {"event": "start"})
         argv = build_mpirun_argv(plan)

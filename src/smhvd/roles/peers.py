@@ -11,8 +11,7 @@ latency, not N, and nothing polls:
 - an open port gets an ssh attempt, at most MAX_SSH_IN_FLIGHT at once: its stdout a reader (the relay
   says `ready`), its exit a pidfd, ATTEMPT_TIMEOUT a timer; a failed one is retried after retry_delay (the
   port probed first);
-- the overall deadline is a timer; a signal wakes the loop at once, and `stop_requested()` says if it was a
-  stop;
+- the overall deadline is a timer; the caller's SignalWatch is a reader: a stop signal ends the wait at once;
 - closing the links (close_all) closes every session first, then waits for all, under one deadline.
 """
 
@@ -23,13 +22,12 @@ import errno
 import functools
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from smhvd import wire
 from smhvd.errors import PeerError, Stopped
 from smhvd.proc.loop import Loop
 from smhvd.proc.processes import die_with_parent
+from smhvd.proc.signals import SignalWatch
 from smhvd.proc.ssh import ssh_command
 from smhvd.proc.timers import Timers
 
@@ -282,50 +281,18 @@ class _Reaching:
         return "; ".join(f"{w.host}: {w.last_error}" for w in self.workers if w.link is None)
 
 
-@contextlib.contextmanager
-def _signals_wake(loop: Loop, on_signal: Callable[[], object]) -> Iterator[None]:
-    """Call `on_signal` whenever a signal (one with a handler) arrives, without taking it from whoever watched
-    for signals before: signal.set_wakeup_fd is borrowed, and each signal passed on to the fd set before (the
-    leader's SignalWatch, which `stop_requested()` reads). Main thread only."""
-    receive, send = socket.socketpair()
-    receive.setblocking(False)
-    send.setblocking(False)
-    previous = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
-
-    def pass_on() -> None:
-        with contextlib.suppress(BlockingIOError):
-            while received := receive.recv(512):
-                if previous >= 0:
-                    with contextlib.suppress(OSError):
-                        os.write(previous, received)
-
-    def arrived() -> None:
-        pass_on()
-        on_signal()
-
-    loop.reader(receive, arrived)
-    try:
-        yield
-    finally:
-        signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
-        pass_on()  # what arrived since the last look
-        loop.forget(receive)
-        receive.close()
-        send.close()
-
-
 def connect_all(
     hosts: Sequence[str],
     ssh_config: Path,
     port: int,
     timeout: float,
-    stop_requested: Callable[[], bool] = lambda: False,
+    signals: SignalWatch | None = None,
     clock: Callable[[], float] = time.monotonic,
     command: Command | None = None,
     resolve: Resolve = addresses,
 ) -> list[WorkerLink]:
     """Links to every host, or PeerError naming each host that did not come up (the others are closed).
-    `stop_requested()` is asked at the start and whenever a signal arrives (Stopped if it says so).
+    `signals` (the caller's SignalWatch) is read first and on every signal: Stopped on a stop.
     `command(host)` is the argv of one attempt (default: ssh to the host's link relay); `resolve(host, port)`
     the addresses its sshd is probed at (default: the resolver's). From the main thread."""
     remote = [sys.executable, "-m", "smhvd.link", str(port)]
@@ -334,11 +301,13 @@ def connect_all(
     what = "workers " + ", ".join(hosts)
 
     def check_stop() -> None:
-        if stop_requested():
+        if signals is not None and signals.stop_requested():
             raise Stopped("stopped while waiting for " + what)
 
-    with Loop(Timers(clock)) as loop, _signals_wake(loop, check_stop):
+    with Loop(Timers(clock)) as loop:
         check_stop()
+        if signals is not None:
+            loop.reader(signals, check_stop)
         if not workers:
             return []
         reaching = _Reaching(loop, workers, port, resolve)
