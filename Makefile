@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-stamp
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: help setup demo test test-fast lint typecheck bench-launcher clean
+.PHONY: help setup demo test test-fast test-shuffled lint typecheck bench-launcher clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -32,6 +32,16 @@ test: setup lint ## README command 2: lint, then every test tier (unit, integrat
 
 test-fast: setup ## unit tests only (seconds)
 	$(PY) -m pytest -p no:cacheprovider -m 'not integration' $(PYTEST_ARGS) tests
+
+# One order of the unit and integration tiers, shuffled across all files (pytest-random-order): a test that leans
+# on another's side effects fails here. The seed is printed before and after; SEED=N replays that order.
+SEED ?=
+test-shuffled: setup ## unit + integration tiers in a shuffled order (SEED=N replays one; ~15 min)
+	seed="$(SEED)"; seed="$${seed:-$$(( (RANDOM << 15 | RANDOM) % 1000000 ))}"; \
+	echo "test-shuffled: seed $$seed"; status=0; \
+	$(PY) -m pytest -p no:cacheprovider -m 'not cluster and not images' --random-order-bucket=global \
+	  --random-order-seed="$$seed" $(PYTEST_ARGS) tests || status=$$?; \
+	echo "test-shuffled: seed $$seed (replay: make test-shuffled SEED=$$seed)"; exit "$$status"
 
 lint: setup ## ruff, mypy (strict), shellcheck, hadolint
 	command -v shellcheck >/dev/null || { apt-get update -qq && apt-get install -y -qq shellcheck; }
