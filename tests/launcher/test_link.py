@@ -73,21 +73,25 @@ def test_end_event_gives_the_job_exit_code_and_reason(waiter):
 
 
 def test_link_closing_mid_job_means_the_leader_was_lost_and_is_noticed_at_once(waiter):
+    """No silence limit can end this wait (an hour): the verdict, and its reason, can only come from the
+    closed link. How fast it comes is benchmarks/cluster_faults.py's ("leader's processes killed"); the 60 s
+    here only catch a hang."""
     w = waiter()
+    w.silence_limit = 3600.0
     thread, result = wait_in_background(w)
     proc = relay()
     ready(proc)
     proc.stdin.write(wire.encode({"event": "start"}))
     proc.stdin.flush()
-    wait_until(lambda: w.started or None, what="the worker to see the start", timeout=10)
-    closed = time.monotonic()
+    wait_until(lambda: w.started or None, what="the worker to see the start", timeout=60)
     proc.kill()
-    thread.join(10)
-    noticed = time.monotonic() - closed
+    thread.join(60)
+    assert not thread.is_alive(), "the closed link was not noticed"
     verdict = result["verdict"]
     assert verdict.exit_code == EX_UNAVAILABLE
-    assert verdict.reason.startswith("lost the leader algo-1 during the job")
-    assert noticed < 1.0
+    assert verdict.reason.startswith(
+        "lost the leader algo-1 during the job: its link closed without a result"
+    ), verdict.reason
 
 
 def test_an_attempt_abandoned_before_start_is_not_a_failure_and_the_wait_is_bounded(waiter):
@@ -111,23 +115,30 @@ def test_relay_without_a_waiting_launcher_fails_clearly():
 
 
 def test_heartbeats_keep_the_job_alive_and_silence_means_the_leader_is_gone(waiter):
-    """A leader host that vanishes closes nothing: the worker notices that its heartbeats stopped."""
+    """A leader host that vanishes closes nothing: the worker notices that its heartbeats stopped.
+    The product's leader speaks every 2 s against a 10 s limit (wire.py); here every 0.1 s against 3 s, for
+    longer than the limit: only a 3 s stall of the relay or the waiter (a hang, not a loaded machine) could
+    end the wait while they come."""
     w = waiter()
-    w.silence_limit = 1.0
+    w.silence_limit = 3.0
     thread, result = wait_in_background(w)
     proc = relay()
     ready(proc)
     proc.stdin.write(wire.encode({"event": "start"}))
     proc.stdin.flush()
-    for _ in range(4):  # 2 s of heartbeats every 0.5 s: longer than the limit, but never silent
+    until = time.monotonic() + 4.0
+    while time.monotonic() < until:
         proc.stdin.write(wire.encode({"event": "alive"}))
         proc.stdin.flush()
         last_word = time.monotonic()
-        thread.join(0.5)
-        assert thread.is_alive()
-    thread.join(10)  # the session stays open, but nothing more is said
+        thread.join(0.1)
+        assert thread.is_alive(), result
+    thread.join(60)  # the session stays open, but nothing more is said
+    assert not thread.is_alive(), "the silence was not noticed"
+    silent = time.monotonic() - last_word
     verdict = result["verdict"]
     assert verdict.exit_code == EX_UNAVAILABLE
-    assert verdict.reason.startswith("lost the leader algo-1 during the job: no word from it for 1s")
-    assert 0.9 < time.monotonic() - last_word < 5
+    assert verdict.reason.startswith("lost the leader algo-1 during the job: no word from it for 3s")
+    # The limit counts from the last word received, which came after it was written: never sooner.
+    assert silent >= 3.0
     proc.kill()
