@@ -127,11 +127,14 @@ def test_the_job_ends_when_the_script_does_and_its_leftovers_are_killed(train_jo
     job = train_job(LEAVES_A_CHILD, {"sagemaker_mpi_enabled": mpi})
     tmp = tmp_path / "tmpdir"
     tmp.mkdir()
-    result = job.run(timeout=60, env={"TMPDIR": str(tmp), "EXIT_CODE": str(exit_code)})
+    result = job.run(timeout=240, env={"TMPDIR": str(tmp), "EXIT_CODE": str(exit_code)})
     finished = time.time()
     out = job.paths.output_data_dir
     assert result.returncode == exit_code, result.stderr
-    assert finished - float((out / "ended").read_text()) < 3.0  # not 300 s; ~0.2 s when the machine is quiet
+    # A job that waited for the leftovers (they hold the script's stdout) would end 300 s after the script:
+    # only that exceeds 120 s, however loaded the machine. How fast `train` exits after the script is
+    # benchmarks/launcher_overhead.py's figure (script end -> `train` exit).
+    assert finished - float((out / "ended").read_text()) < 120
     for name in ("child.pid", "daemon.pid"):
         assert not _alive(int((out / name).read_text())), name
     assert "done" in result.stderr
