@@ -22,6 +22,7 @@ from smhvd.errors import ConfigError, HostEnvError
 from smhvd.proc import processes, trust
 from smhvd.roles import hostenv
 from smhvd_dev.mltree import write_ml_tree
+from support.ci import need_root
 from tests.conftest import TRAIN
 
 
@@ -201,8 +202,8 @@ def _as_nobody(code: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.integration  # starts processes
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_another_user_can_neither_read_nor_take_the_place(port, server):
+    need_root("to act as another user")
     path = trust.directory(port)
     probe = _as_nobody(
         "import socket\n"
@@ -216,10 +217,10 @@ def test_another_user_can_neither_read_nor_take_the_place(port, server):
 
 
 @pytest.mark.integration  # starts processes
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 @pytest.mark.parametrize("how", ["other user", "group writable", "symlink"])
 def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, how):
     """A squatter's directory (or a symlink to one): `train` refuses to serve there, a rank to trust it."""
+    need_root("to act as another user")
     path = trust.directory(port)
     if how == "symlink":
         (tmp_path / "elsewhere").mkdir(mode=0o700)
@@ -427,8 +428,7 @@ READ_ONLY_RUN = (
 @pytest.mark.integration
 def test_train_with_a_read_only_run_exits_73_in_one_line_naming_the_directory(train_job):
     """/run read-only (in a mount namespace of the test's own): the leader cannot make its directory."""
-    if os.geteuid() != 0:
-        pytest.fail("needs root (mount namespace)") if os.environ.get("CI") else pytest.skip("needs root")
+    need_root("a mount namespace")
     job = train_job("print('never runs')", {"sagemaker_mpi_num_of_processes_per_host": 2})
     result = subprocess.run(
         ["unshare", "--mount", "sh", "-c", READ_ONLY_RUN, "sh", str(TRAIN)],

@@ -25,6 +25,7 @@ from smhvd.config.sagemaker_files import parse_resource_config
 from smhvd.config.sdk_v3 import Distributed, SourceCode, V3Job
 from smhvd.environment import training_env
 from smhvd.errors import ConfigError
+from support.ci import need_root
 from tests.conftest import TRAIN
 
 # SourceCode(source_dir="/tmp/v3gen/src", entry_script="train.py", requirements="requirements.txt")
@@ -343,8 +344,7 @@ OWN_OPT = (
 def test_train_hands_a_command_job_back_to_v3s_script_and_its_exit_code(tmp_path):
     """SourceCode.command: `train` execs v3's own driver (at v3's /opt/ml path), without BASH_ENV; the
     job's exit code is the driver's."""
-    if os.geteuid() != 0:
-        pytest.fail("needs root (mount namespace)") if os.environ.get("CI") else pytest.skip("needs root")
+    need_root("a mount namespace")
     source = json.dumps({"source_dir": "/somewhere/src", "command": "python a.py", "entry_script": None})
     paths = write_v3_tree(tmp_path / "ml", sourcecode=source, distributed=DISTRIBUTED_NONE_JSON)
     driver = tmp_path / "sm_train.sh"

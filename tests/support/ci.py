@@ -18,3 +18,9 @@ def unavailable(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"{reason} (under CI nothing is skipped)")
     pytest.skip(reason)
+
+
+def need_root(what_for: str) -> None:
+    """Skip the test unless it runs as root (`what_for` says why it must), or under CI fail it."""
+    if os.geteuid() != 0:
+        unavailable(f"needs root ({what_for})")
