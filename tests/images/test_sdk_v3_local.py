@@ -301,3 +301,18 @@ def test_a_command_job_is_left_to_v3s_own_script(
     assert "Training Container Execution Completed" in run.out
     printed = [line for line in run.out.splitlines() if line.rstrip().endswith(" 42")]
     assert len(printed) == 2, run.out[-3000:]  # once per host, as v3 does it
+
+
+def test_a_failing_command_job_ends_with_the_commands_exit_code(
+    cpu_image: BuiltImage, sdk_v3: dict[str, str], tmp_path: Path
+) -> None:
+    """The hand-back to v3's sm_train.sh keeps what the command's failure means: its exit code is the
+    container's, which the SDK's local mode reports (docker-compose's exit code is the first container's)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "README").write_text("a command job needs a source_dir\n")
+    spec = {"source_dir": str(code), "command": "python -c 'import sys; sys.exit(7)'", "hyperparameters": {}}
+    run = run_trainer(sdk_v3, cpu_image.immutable, tmp_path, "command-fails", spec)
+    assert "left to v3's sm_train.sh: SourceCode.command" in run.out, run.out[-3000:]
+    assert run.exit_code == 3 and "TRAIN-FAILED RuntimeError" in run.out, run.out[-3000:]  # the SDK raised
+    assert re.search(r"Process exited with code: 7\b", run.out), run.out[-3000:]
