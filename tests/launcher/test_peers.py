@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -110,6 +111,7 @@ class SshPorts:
         timeout: float = 60,
         signals: SignalWatch | None = None,
         resolve: Resolve | None = None,
+        clock: Callable[[], float] = time.monotonic,
         **relay_options: str,
     ) -> list[WorkerLink]:
         """connect_all to HOSTS at these ports, each session a RELAY (`relay_options`: together, failing)."""
@@ -120,9 +122,31 @@ class SshPorts:
             self.port,
             timeout,
             signals,
+            clock=clock,
             command=command,
             resolve=resolve or self.resolve,
         )
+
+    def deadline_once(
+        self, host: str, skip: float, happened: Callable[[], bool]
+    ) -> tuple[Resolve, Callable[[], float]]:
+        """A lookup and a clock for connect_all, so that its deadline comes only after what the test needs
+        to have happened before it, however slow the machine: the clock is the real one until `happened()`
+        was true at one probe of `host` and another probe of it followed (by then the loop has read what the
+        relays had said when their marks appeared); from then on it runs `skip` seconds (the timeout) ahead,
+        so the deadline is due at once. If it never happens, the real deadline ends the wait."""
+        seen = False
+        ahead = 0.0
+
+        def resolve(name: str, port: int) -> list[Address]:
+            nonlocal seen, ahead
+            if name == host:
+                if seen:
+                    ahead = skip
+                seen = happened()
+            return self.resolve(name, port)
+
+        return resolve, lambda: time.monotonic() + ahead
 
     def close(self) -> None:
         for sock in self.listening.values():
@@ -170,11 +194,15 @@ def test_no_session_is_tried_before_the_workers_port_answers(tmp_path: Path, por
 def test_a_worker_that_never_comes_up_is_named_and_the_others_are_told(
     tmp_path: Path, ports: SshPorts
 ) -> None:
+    """The deadline comes once the three others are linked (their relays said ready): then only algo-3 is
+    missing."""
     ports.open("algo-2", "algo-4", "algo-5")
+    others = [tmp_path / f"ready-{host}" for host in ("algo-2", "algo-4", "algo-5")]
+    resolve, clock = ports.deadline_once("algo-3", 60, lambda: all(p.exists() for p in others))
     with pytest.raises(
         PeerError, match=rf"workers algo-2, algo-3.*algo-3: port {ports.port}: Connection refused"
     ) as info:
-        ports.reach(tmp_path, 2.0)
+        ports.reach(tmp_path, 60, resolve=resolve, clock=clock)
     assert "algo-2:" not in str(info.value).split("last:")[-1]  # only the missing host is blamed
     assert not (tmp_path / "tries-algo-3").exists()
     for host in ("algo-2", "algo-4", "algo-5"):  # the workers that were reached got the end and a hang-up
@@ -193,8 +221,15 @@ def test_a_failed_attempt_is_tried_again_and_its_error_named(tmp_path: Path, por
     close_all(links)
     assert [worker.host for worker in links] == HOSTS
     assert len((tmp_path / "tries-algo-3").read_text()) == 3
+    # The deadline comes once the others are linked and algo-4 failed at least once (its retry's probe).
+    marks = tmp_path / "always"
+    marks.mkdir()
+    others = [marks / f"ready-{host}" for host in ("algo-2", "algo-3", "algo-5")]
+    resolve, clock = ports.deadline_once(
+        "algo-4", 60, lambda: (marks / "tries-algo-4").exists() and all(p.exists() for p in others)
+    )
     with pytest.raises(PeerError) as info:
-        ports.reach(tmp_path, 1.0, failing="algo-4:99")
+        ports.reach(marks, 60, resolve=resolve, clock=clock, failing="algo-4:99")
     assert str(info.value).endswith("(last: algo-4: smhvd.link: no launcher is waiting on this host)")
 
 
