@@ -1,7 +1,8 @@
 """The launcher (`train`) on a real 2-host simulated cluster, as SageMaker runs it: success, a rank crash
 on a worker, a worker that never comes up, the leader killed mid-job, and SIGTERM to every host (how
-SageMaker stops a job). Each test bounds how long hosts take to exit; bounds leave room for a loaded
-2-core machine while staying far below what the stock toolkit takes (30 s to 150 s)."""
+SageMaker stops a job). Each test bounds how long hosts take to exit with a bound only a hang (or the wait
+the test guards against) crosses, not a slow machine: how fast they exit is benchmarks/cluster_faults.py's.
+Lower bounds assert that the launcher waited as long as it was told to."""
 
 from __future__ import annotations
 
@@ -51,18 +52,18 @@ def test_job_succeeds_with_ranks_on_both_hosts_each_seeing_its_own_host(launch: 
     # s; the bound only catches such a wait, a loaded machine stays far below it).
     assert processes["algo-2"].ended is not None
     assert processes["algo-1"].ended is not None
-    assert processes["algo-2"].ended - processes["algo-1"].ended < 15.0
+    assert processes["algo-2"].ended - processes["algo-1"].ended < 25.0
     assert all(process.result().left_running == () for process in processes.values())
 
 
 def test_rank_crash_on_worker_fails_every_host_and_names_it(launch: Launch) -> None:
     cluster, processes = launch("crash", crash_host="algo-2")
     started = time.time()
-    codes = wait_all(processes, 120)
+    codes = wait_all(processes, 240)
     last_exit = max(process.ended or 0.0 for process in processes.values())
     assert codes["algo-1"] != 0
     assert codes["algo-2"] != 0
-    assert last_exit - started < 30  # the other rank would run for 300 s
+    assert last_exit - started < 150  # the other rank would run for 300 s
     failure = (cluster.ml_dir("algo-1") / "output" / "failure").read_text()
     assert "rank 1 on algo-2 exited with code 3" in failure
     assert "probe-crash-marker: rank 1 on algo-2 gives up" in failure
@@ -77,9 +78,9 @@ def test_a_rank_raising_after_mpi_init_ends_the_job_on_every_host(
     smhvd.runscript the job hangs until max_run."""
     cluster, processes = launch("raise", crash_host=crash_host)
     started = time.time()
-    codes = wait_all(processes, 120)
+    codes = wait_all(processes, 150)
     assert codes == {"algo-1": 1, "algo-2": 1}, log_of(processes, "algo-1")
-    assert max(process.ended or 0.0 for process in processes.values()) - started < 30
+    assert max(process.ended or 0.0 for process in processes.values()) - started < 120  # hung: until max_run
     failure = (cluster.ml_dir("algo-1") / "output" / "failure").read_text()
     assert failure.startswith(f"rank {rank} on {crash_host} exited with code 1\n"), failure
     assert failure.rstrip().endswith(f"ValueError: probe-raise-marker: rank {rank} on {crash_host}")
@@ -89,11 +90,12 @@ def test_a_rank_raising_after_mpi_init_ends_the_job_on_every_host(
 
 def test_worker_never_up_fails_the_leader_within_its_timeout(launch: Launch) -> None:
     cluster, processes = launch("ok", down=("algo-2",), launcher_peer_timeout_seconds=5)
-    started = time.time()
-    codes = wait_all(processes, 120)
+    codes = wait_all(processes, 240)
     assert codes["algo-1"] != 0
-    elapsed = (processes["algo-1"].ended or 0.0) - started
-    assert 5.0 <= elapsed < 30.0
+    # From just before `train` was started (the test's own clock could be read after its wait began): it
+    # waited the 5 s it was told, and not the default 600 s (launcher_peer_timeout_seconds).
+    elapsed = (processes["algo-1"].ended or 0.0) - processes["algo-1"].started
+    assert 5.0 <= elapsed < 120.0
     failure = (cluster.ml_dir("algo-1") / "output" / "failure").read_text()
     assert "algo-2" in failure
     assert not list((cluster.ml_dir("algo-1") / "output" / "data").glob("rank-*.json"))  # no rank started
@@ -104,9 +106,11 @@ def test_leader_killed_mid_job_ends_the_workers(launch: Launch) -> None:
     wait_ranks_running(cluster)
     killed_at = time.time()
     cluster.host("algo-1").kill_processes(signal.SIGKILL)
-    code = processes["algo-2"].wait(60)
+    code = processes["algo-2"].wait(120)
     assert code != 0
-    assert (processes["algo-2"].ended or 0.0) - killed_at < 20.0  # link loss or ssh keepalive (15 s)
+    # The closed link at once, or else the leader's silence (10 s) or ssh's keepalive (15 s): a worker that
+    # noticed none of them would wait until max_run. 60 s is 4 times the latest of them.
+    assert (processes["algo-2"].ended or 0.0) - killed_at < 60.0
     failure = (cluster.ml_dir("algo-2") / "output" / "failure").read_text()
     assert "algo-1" in failure
     assert processes["algo-2"].result().left_running == ()
@@ -118,8 +122,10 @@ def test_sigterm_to_every_host_reaches_the_ranks_and_everything_exits(launch: La
     stopped_at = time.time()
     for process in processes.values():
         process.send_signal(signal.SIGTERM)
-    wait_all(processes, 120)
-    assert max(process.ended or 0.0 for process in processes.values()) - stopped_at < 30.0
+    wait_all(processes, 150)
+    # Within SageMaker's 120 s between SIGTERM and SIGKILL, with room to spare: the ranks would sleep 300 s
+    # and a worker without the leader's verdict waits 110 s (STOP_GRACE) before it gives up.
+    assert max(process.ended or 0.0 for process in processes.values()) - stopped_at < 100.0
     for host, rank in (("algo-1", 0), ("algo-2", 1)):
         checkpoint = cluster.ml_dir(host) / "checkpoints" / f"rank-{rank}"
         assert checkpoint.read_text().startswith(f"rank {rank} on {host} stopped")
