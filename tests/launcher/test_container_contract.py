@@ -162,17 +162,26 @@ def test_ranks_that_cannot_reach_each_other_end_the_job_within_seconds(launch: L
     )
     codes = {host: process.wait(180) for host, process in processes.items()}
     elapsed = time.monotonic() - started
-    # The ranks' MPI calls fail and smhvd.runscript ends them (exit 1, in every run seen): the job ends within
-    # seconds, with Open MPI's reason first. (Had mpirun hung after its notice, the launcher would end it with
-    # 76: that path is made to happen in test_documented_exits.py.)
-    assert codes == {"algo-1": 1, "algo-2": 1}, log_of(processes, "algo-1")
-    assert elapsed < 45  # abort notice + 5 s grace + SIGTERM, on a loaded machine; before: until max_run
+    # Open MPI prints its notice, the ranks' MPI calls fail and smhvd.runscript ends them with exit 1. Whether
+    # mpirun then exits by itself within the launcher's 5 s after the notice (exit 1, every run seen on a
+    # quiet machine) or does not (the launcher ends it: exit 76) is Open MPI's timing and the machine's load,
+    # not the launcher's choice, and nothing a test can fix from outside. Both ends are documented (README,
+    # exit codes), so each is checked for its own meaning: the headline says the launcher ended mpirun
+    # exactly when the code is 76. (The 76 path on its own, every time: test_documented_exits.py.)
+    code = codes["algo-1"]
+    assert code in (1, 76), log_of(processes, "algo-1")
+    assert codes["algo-2"] == code  # the worker ends with the leader's verdict
+    # The abort notice, then at most 5 s of grace and 3 s to SIGKILL: 150 s is far above any loaded
+    # machine's cluster start and job, and far below the hang it guards against (until max_run).
+    assert elapsed < 150
     for host in HOSTS:
         failure = (cluster.ml_dir(host) / "output" / "failure").read_text()
-        assert failure.splitlines()[0].startswith(
+        headline = failure.splitlines()[0]
+        assert headline.startswith(
             "MPI aborted the job: At least one pair of MPI processes are unable to reach each other for MPI "
             "communications"
         ), failure
+        assert headline.endswith(" (mpirun hung after it; ended by the launcher)") == (code == 76), failure
         assert processes[host].result().left_running == ()
     # Evidence follows the headline, within SageMaker's 1024 characters (which lines of the interleaved
     # output of both hosts make the tail varies from run to run).
