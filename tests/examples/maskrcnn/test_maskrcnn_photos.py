@@ -64,7 +64,7 @@ def counts(annotation_file: Path) -> str:
 def test_real_photos_staged_downloaded_trained_and_evaluated(photos: Path, s3_port: int, tmp_path: Path):
     client = s3_client(endpoint(s3_port))
     client.create_bucket(Bucket=BUCKET)
-    staged = stage_coco(tmp_path, str(photos), f"s3://{BUCKET}/coco2017", port=s3_port, timeout=120)
+    staged = stage_coco(tmp_path, str(photos), f"s3://{BUCKET}/coco2017", port=s3_port, timeout=300)
     assert staged.returncode == 0, staged.stderr
     for split in ("train", "val"):
         assert f"{split}: {counts(photos / 'annotations' / f'instances_{split}2017.json')}" in staged.stderr
@@ -80,7 +80,8 @@ def test_real_photos_staged_downloaded_trained_and_evaluated(photos: Path, s3_po
         channels=dict.fromkeys(inputs),  # empty channel directories, filled from S3 next
     )
     channels = download_channels(client, inputs, paths)
-    proc = run_train(base, timeout=300)
+    # 35-70 s on quiet cores, 250-320 s at load 11-15 (300 s was once too short there): only a hang takes 900.
+    proc = run_train(base, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "every listed file present with its size (2 annotations, 4 train, 4 val)" in log
@@ -89,8 +90,11 @@ def test_real_photos_staged_downloaded_trained_and_evaluated(photos: Path, s3_po
         e["train/loss_epoch_mean"] for e in json.loads((base / "checkpoints" / "stats.json").read_text())
     ]
     # Learning shows as a later epoch's mean well below the first one's (not the last against the first: an
-    # epoch's mean moves from run to run with the threaded workers' sampling).
-    assert len(losses) == 4 and min(losses[1:]) < losses[0] * 0.9, losses
+    # epoch's mean moves from run to run with the threaded workers' sampling, and the weights start unseeded,
+    # so no seed fixes a run). Measured, best later epoch / first: 0.48-0.58 in seven runs at load 11-15
+    # (first epochs 2.05-2.26); training that does nothing (base_lr=0 warmup_init_lr=0, same data) gives
+    # 2.986, 2.982, 2.985, 2.973: 0.996. 0.8 sits 0.22 above the worst run and 0.2 below that.
+    assert len(losses) == 4 and min(losses[1:]) < losses[0] * 0.8, losses
 
     model = np.load(base / "model" / "model.npz")
     assert "conv0/W" in model.files and len(model.files) > 50
@@ -109,4 +113,5 @@ def test_real_photos_staged_downloaded_trained_and_evaluated(photos: Path, s3_po
     for kind in ("bbox", "segm"):
         expected = cocoeval_stats(channels["annotations"] / "instances_val2017.json", detections, kind)
         assert [metrics[kind][k] for k in STAT_NAMES] == pytest.approx(expected), kind
-    assert metrics["bbox"]["AP50"] >= 0.1, metrics["bbox"]  # seen: 0.32, 0.66, 0.70; a broken path gives ~0
+    # Seen: 0.32-0.70 in nine runs (0.635-0.667 in six of the seven above); training that does nothing: 0.0.
+    assert metrics["bbox"]["AP50"] >= 0.1, metrics["bbox"]
