@@ -9,6 +9,10 @@ import tensorflow as tf
 import train_maskrcnn
 from mrcnn.config import ConfigError, build_config
 
+# TensorFlow comes with train_maskrcnn (about 10 s):
+# the unit tier (make test-fast) imports none.
+pytestmark = pytest.mark.integration
+
 
 def test_preset_and_overrides() -> None:
     cfg = build_config("tiny", ["total_steps=7", "anchor_sizes=8,16,32,64,128", "flip=false", "norm=None"])

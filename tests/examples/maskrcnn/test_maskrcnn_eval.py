@@ -9,6 +9,10 @@ import pytest
 from mrcnn.data import load_dataset, records
 from mrcnn.evaluation import coco_evaluate, coco_results
 
+# TensorFlow comes with mrcnn.boxes, under mrcnn.data and mrcnn.evaluation (about 10 s):
+# the unit tier (make test-fast) imports none.
+pytestmark = pytest.mark.integration
+
 
 def predictions_from_ground_truth(ds, shift: float = 0.0, drop_masks: bool = False):
     results = []

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from mrcnn import boxes as B
 from mrcnn.config import build_config
 from mrcnn.evaluation import paste_mask
 from mrcnn.model import detections, roi_align
+
+# TensorFlow comes with the operations under test (about 10 s):
+# the unit tier (make test-fast) imports none.
+pytestmark = pytest.mark.integration
 
 tf1 = tf.compat.v1
 

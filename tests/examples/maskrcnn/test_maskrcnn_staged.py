@@ -21,6 +21,10 @@ from smhvd_stage.layout import validate
 
 from .conftest import run_script
 
+# TensorFlow comes with mrcnn.boxes, under mrcnn.data and mrcnn.weights (about 10 s):
+# the unit tier (make test-fast) imports none.
+pytestmark = pytest.mark.integration
+
 CATEGORIES = [{"id": 1, "name": "square"}, {"id": 7, "name": "blob"}]
 
 
@@ -222,7 +226,6 @@ def test_fine_tuning_re_initialises_only_the_class_specific_outputs() -> None:
         check_pretrained(Path("coco.npz"), wider, tuple(model))
 
 
-@pytest.mark.integration
 def test_training_and_evaluation_from_the_staged_channels(channels: dict[str, Path], tmp_path: Path) -> None:
     """Two steps of the tiny preset from SM_CHANNEL_* as SageMaker sets them, then COCOeval on val2017
     (a crowd region, a grayscale image, an image without annotations)."""
@@ -242,7 +245,6 @@ def test_training_and_evaluation_from_the_staged_channels(channels: dict[str, Pa
     assert metrics["annotations"] == str(channels["annotations"] / "instances_val2017.json")
 
 
-@pytest.mark.integration
 def test_weights_without_a_matching_name_fail_with_one_line(
     channels: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -25,6 +25,10 @@ from tensorpack.tfutils.tower import PredictTowerContext
 
 from .test_maskrcnn_ops import bilinear, run_graph
 
+# TensorFlow comes with the layers under test (about 10 s):
+# the unit tier (make test-fast) imports none.
+pytestmark = pytest.mark.integration
+
 tf1 = tf.compat.v1
 # The published file's names and shapes (examples/maskrcnn/published/), as lists like TensorFlow's shapes.
 PUBLISHED = {name: list(shape) for name, shape in load_shapes().items()}

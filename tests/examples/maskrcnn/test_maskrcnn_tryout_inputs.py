@@ -20,6 +20,10 @@ from pycocotools.coco import COCO
 
 from smhvd_stage.layout import check_weights, validate
 
+# TensorFlow comes with mrcnn.boxes, under mrcnn.data (about 10 s):
+# the unit tier (make test-fast) imports none.
+pytestmark = pytest.mark.integration
+
 SPLITS = ("train2017", "val2017")
 FRESH = "the data set is written into a fresh one"
 SMALL = ["--train", "5", "--val", "3", "--size", "96"]
