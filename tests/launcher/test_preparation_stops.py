@@ -179,17 +179,65 @@ def pip_moment(train: subprocess.Popen[str], tmpdir: Path) -> int:
     return 0 if any(cmdline(pid)[1:3] == ["-m", "pip"] for pid in descendants(train.pid)) else -1
 
 
-def wait_for_moment(train: subprocess.Popen[str], tmpdir: Path, moment: int) -> None:
-    def reached() -> bool:
+def pip_pid(train: subprocess.Popen[str]) -> int | None:
+    return next((pid for pid in descendants(train.pid) if cmdline(pid)[1:3] == ["-m", "pip"]), None)
+
+
+def is_frozen(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP) or gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(")") + 2] in "TtZX"
+
+
+def pending(pid: int, sig: int) -> bool:
+    """Whether `sig` waits to be delivered to `pid` (thread or process pending set), or it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except FileNotFoundError:
+        return True
+    masks = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask & (1 << (sig - 1)) for mask in masks)
+
+
+def freeze_at_moment(train: subprocess.Popen[str], tmpdir: Path, moment: int) -> int:
+    """pip's pid, stopped (SIGSTOP) at `moment` or just after it: pip is frozen for each look at TMPDIR, so
+    a loaded machine that does not run this test for a second cannot let pip run past the moment (and the
+    job start) between two looks."""
+
+    def reached() -> int:
         if train.poll() is not None:
             raise AssertionError(
                 f"train exited ({train.returncode}) before pip reached {PIP_MOMENTS[moment]}"
             )
+        pid = pip_pid(train)
+        if pid is None:
+            raise NotYet("pip not started yet")
+        os.kill(pid, signal.SIGSTOP)
+        wait_until(lambda: True if is_frozen(pid) else None, what=f"pip ({pid}) to stop", timeout=60)
         if pip_moment(train, tmpdir) >= moment:
-            return True
+            return pid
+        os.kill(pid, signal.SIGCONT)
         raise NotYet(f"pip not at {PIP_MOMENTS[moment]} yet")
 
-    wait_until(reached, what=f"pip to reach {PIP_MOMENTS[moment]}", timeout=60, initial=0.001, maximum=0.002)
+    frozen: int = wait_until(
+        reached, what=f"pip to reach {PIP_MOMENTS[moment]}", timeout=60, initial=0.001, maximum=0.002
+    )
+    return frozen
+
+
+def stop_frozen(train: subprocess.Popen[str], pip: int, sig: int) -> tuple[list[int], float, str]:
+    """stop(), for a job whose pip is frozen: pip goes on once the stop's signal waits for it, so that it
+    meets the stop where it was frozen."""
+    tree = descendants(train.pid)
+    sent = time.monotonic()
+    train.send_signal(sig)
+    wait_until(lambda: True if pending(pip, sig) else None, what=f"the stop to reach pip ({pip})", timeout=60)
+    os.kill(pip, signal.SIGCONT)
+    stderr = end(train, STOP_BOUND + 10)
+    return tree, time.monotonic() - sent, stderr
 
 
 def test_a_job_whose_requirements_installed_leaves_nothing_in_tmpdir(train_job, local_pip, tmp_path):
@@ -211,8 +259,8 @@ def test_a_stop_at_any_moment_of_pip_leaves_nothing_in_tmpdir(train_job, local_p
     job = train_job(SCRIPT)
     (job.code / "requirements.txt").write_text("smhvdtiny==1.0\n")
     train = start(job, local_pip)
-    wait_for_moment(train, tmp_path / "tmp", moment)
-    stopped = stop(train, signal.SIGTERM)
+    pip = freeze_at_moment(train, tmp_path / "tmp", moment)
+    stopped = stop_frozen(train, pip, signal.SIGTERM)
     assert_stopped(job, train, stopped, signal.SIGTERM, "pip install -r requirements.txt")
     left = sorted(str(p.relative_to(tmp_path / "tmp")) for p in (tmp_path / "tmp").rglob("*"))
     assert not left, left[:10]
@@ -226,11 +274,11 @@ def test_what_a_train_killed_during_pip_left_in_tmpdir_is_removed_by_the_next_on
     job = train_job(SCRIPT)
     (job.code / "requirements.txt").write_text("smhvdtiny==1.0\n")
     train = start(job, local_pip)
-    wait_for_moment(train, tmp_path / "tmp", PIP_MOMENTS.index("pip-unpack-"))
-    pip = [pid for pid in descendants(train.pid) if cmdline(pid)[1:3] == ["-m", "pip"]]
+    pip = freeze_at_moment(train, tmp_path / "tmp", PIP_MOMENTS.index("pip-unpack-"))
     train.kill()
     train.communicate()
-    wait_until(lambda: None if any(is_alive(pid) for pid in pip) else True, what="pip to die", timeout=30)
+    os.kill(pip, signal.SIGCONT)  # it meets its parent's death where it was frozen
+    wait_until(lambda: None if is_alive(pip) else True, what="pip to die", timeout=30)
     assert list((tmp_path / "tmp").iterdir())  # what the killed train left
     job = train_job("open('ran', 'w').write('ran')\n")
     stderr = end(start(job, local_pip), 120)
