@@ -91,6 +91,11 @@ def stop(train: subprocess.Popen[str], sig: int) -> tuple[list[int], float, str]
     return tree, time.monotonic() - sent, stderr
 
 
+def pip_pid(train: subprocess.Popen[str]) -> int | None:
+    """The job's pip process, if one runs."""
+    return next((pid for pid in descendants(train.pid) if cmdline(pid)[1:3] == ["-m", "pip"]), None)
+
+
 def assert_stopped(job, train, stopped: tuple[list[int], float, str], sig: int, during: str) -> None:
     tree, seconds, stderr = stopped
     assert train.returncode == 143, stderr
@@ -121,7 +126,7 @@ def test_a_stop_during_pip_ends_pip_and_its_tree_at_once(train_job, silent_serve
     (job.code / "requirements.txt").write_text("smhvd-no-such-package==1.0\n")
     train = start(job, pip_env(silent_server))
     wait_for_client(silent_server)
-    assert any(cmdline(pid)[1:3] == ["-m", "pip"] for pid in descendants(train.pid))
+    assert pip_pid(train) is not None
     stopped = stop(train, sig)
     assert_stopped(job, train, stopped, sig, "pip install -r requirements.txt")
 
@@ -176,11 +181,7 @@ def pip_moment(train: subprocess.Popen[str], tmpdir: Path) -> int:
     for index in range(len(PIP_MOMENTS) - 1, 0, -1):
         if any(name.startswith(PIP_MOMENTS[index]) for name in names):
             return index
-    return 0 if any(cmdline(pid)[1:3] == ["-m", "pip"] for pid in descendants(train.pid)) else -1
-
-
-def pip_pid(train: subprocess.Popen[str]) -> int | None:
-    return next((pid for pid in descendants(train.pid) if cmdline(pid)[1:3] == ["-m", "pip"]), None)
+    return 0 if pip_pid(train) is not None else -1
 
 
 def is_frozen(pid: int) -> bool:
@@ -291,12 +292,12 @@ def test_sigusr1_during_preparation_is_harmless(train_job, silent_server):
     (job.code / "requirements.txt").write_text("smhvd-no-such-package==1.0\n")
     train = start(job, pip_env(silent_server))
     wait_for_client(silent_server)
-    pip = [pid for pid in descendants(train.pid) if cmdline(pid)[1:3] == ["-m", "pip"]]
+    pip = pip_pid(train)
     for _ in range(3):
         train.send_signal(signal.SIGUSR1)
     with pytest.raises(subprocess.TimeoutExpired):
         train.wait(timeout=1.0)  # still preparing: SIGUSR1's default action would have ended it (138)
-    assert pip and all(is_alive(pid) for pid in pip)
+    assert pip is not None and is_alive(pip)
     stopped = stop(train, signal.SIGTERM)
     assert "SIGUSR1: no rank is running yet" in stopped[2]
     assert_stopped(job, train, stopped, signal.SIGTERM, "pip install -r requirements.txt")
