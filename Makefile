@@ -17,6 +17,7 @@ help: ## list the targets
 
 # The stamp is newer than every input of the setup, so `make setup` is a no-op until one of them changes.
 $(SETUP_STAMP): bin/setup-host.sh docker/scripts/build-horovod.sh docker/scripts/patch-tensorpack.py \
+		docker/scripts/pip-check.sh \
 		$(wildcard requirements/*.txt) pyproject.toml \
 		dev/pyproject.toml
 	bash bin/setup-host.sh --dev

