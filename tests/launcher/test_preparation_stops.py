@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from smhvd.proc.processes import cmdline, descendants, is_alive
+from smhvd.proc.processes import cmdline, descendants, is_alive, state
 from smhvd.proc.steps import STOP_GRACE
 from smhvd.proc.waiting import NotYet, wait_until
 
@@ -82,11 +82,18 @@ def end(train: subprocess.Popen[str], timeout: float) -> str:
         raise AssertionError(f"train did not exit within {timeout:g}s") from None
 
 
-def stop(train: subprocess.Popen[str], sig: int) -> tuple[list[int], float, str]:
-    """Send `sig`: (the job's processes at that moment, seconds until `train` exited, its stderr)."""
+def stop(
+    train: subprocess.Popen[str], sig: int, frozen_pip: int | None = None
+) -> tuple[list[int], float, str]:
+    """Send `sig`: (the job's processes at that moment, seconds until `train` exited, its stderr). A
+    `frozen_pip` (freeze_at_moment) goes on once the signal waits for it: it meets the stop where it was."""
     tree = descendants(train.pid)
     sent = time.monotonic()
     train.send_signal(sig)
+    if frozen_pip is not None:
+        what = f"the stop to reach pip ({frozen_pip})"
+        wait_until(lambda: True if pending(frozen_pip, sig) else None, what=what, timeout=60)
+        os.kill(frozen_pip, signal.SIGCONT)
     stderr = end(train, STOP_BOUND + 10)
     return tree, time.monotonic() - sent, stderr
 
@@ -186,11 +193,7 @@ def pip_moment(train: subprocess.Popen[str], tmpdir: Path) -> int:
 
 def is_frozen(pid: int) -> bool:
     """Whether `pid` is stopped (SIGSTOP) or gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat[stat.rindex(")") + 2] in "TtZX"
+    return state(pid) in (None, "T", "t", "Z", "X")
 
 
 def pending(pid: int, sig: int) -> bool:
@@ -223,22 +226,9 @@ def freeze_at_moment(train: subprocess.Popen[str], tmpdir: Path, moment: int) ->
         os.kill(pid, signal.SIGCONT)
         raise NotYet(f"pip not at {PIP_MOMENTS[moment]} yet")
 
-    frozen: int = wait_until(
+    return wait_until(
         reached, what=f"pip to reach {PIP_MOMENTS[moment]}", timeout=60, initial=0.001, maximum=0.002
     )
-    return frozen
-
-
-def stop_frozen(train: subprocess.Popen[str], pip: int, sig: int) -> tuple[list[int], float, str]:
-    """stop(), for a job whose pip is frozen: pip goes on once the stop's signal waits for it, so that it
-    meets the stop where it was frozen."""
-    tree = descendants(train.pid)
-    sent = time.monotonic()
-    train.send_signal(sig)
-    wait_until(lambda: True if pending(pip, sig) else None, what=f"the stop to reach pip ({pip})", timeout=60)
-    os.kill(pip, signal.SIGCONT)
-    stderr = end(train, STOP_BOUND + 10)
-    return tree, time.monotonic() - sent, stderr
 
 
 def test_a_job_whose_requirements_installed_leaves_nothing_in_tmpdir(train_job, local_pip, tmp_path):
@@ -261,7 +251,7 @@ def test_a_stop_at_any_moment_of_pip_leaves_nothing_in_tmpdir(train_job, local_p
     (job.code / "requirements.txt").write_text("smhvdtiny==1.0\n")
     train = start(job, local_pip)
     pip = freeze_at_moment(train, tmp_path / "tmp", moment)
-    stopped = stop_frozen(train, pip, signal.SIGTERM)
+    stopped = stop(train, signal.SIGTERM, frozen_pip=pip)
     assert_stopped(job, train, stopped, signal.SIGTERM, "pip install -r requirements.txt")
     left = sorted(str(p.relative_to(tmp_path / "tmp")) for p in (tmp_path / "tmp").rglob("*"))
     assert not left, left[:10]

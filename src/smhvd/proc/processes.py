@@ -128,10 +128,15 @@ def process_start_time(pid: int, proc: Path = Path("/proc")) -> float | None:
         return None
 
 
+def state(pid: int) -> str | None:
+    """`pid`'s state letter in /proc/PID/stat (R, S, T stopped, Z zombie...); None once it is gone."""
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return fields[0] if fields else None
+
+
 def is_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
-    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
-    return bool(fields) and fields[0] != "Z"
+    return state(pid) not in (None, "Z")
 
 
 def reap_orphans(keep: Iterable[int]) -> list[int]:
