@@ -6,10 +6,13 @@ The one place where errors become exit codes and failure-file text.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
+import socket
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -52,8 +55,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "mode",
         nargs="?",
         default="train",
-        choices=["train"],
-        help="what SageMaker asks for (`docker run IMAGE train`); only training is supported",
+        choices=["train", "preflight"],
+        help="what SageMaker asks for (`docker run IMAGE train`); `preflight`: check every host (or, without "
+        "a SageMaker tree, this machine) and exit 0, or 75 naming what is wrong (docs/preflight.md)",
     )
     parser.add_argument(
         "--base-dir",
@@ -123,10 +127,27 @@ def _main(argv: list[str]) -> int:
         os.environ["SAGEMAKER_BASE_DIR"] = str(args.base_dir)
     if bad_level is not None:
         return _failed(paths, bad_level)
+    preflight = args.mode == "preflight"
+    if preflight and not paths.resource_config.exists():  # a workstation: this machine as a one-host job
+        with tempfile.TemporaryDirectory(prefix="smhvd-preflight-") as tmp:
+            alone = SageMakerPaths(Path(tmp))
+            write_one_host_tree(alone, socket.gethostname())
+            os.environ["SAGEMAKER_BASE_DIR"] = tmp
+            return _launch(alone, level, preflight=True)
+    return _launch(paths, level, preflight=preflight)
+
+
+def write_one_host_tree(paths: SageMakerPaths, host: str) -> None:
+    """The resourceconfig of a one-host job on `host` (`train preflight` outside SageMaker)."""
+    paths.config_dir.mkdir(parents=True)
+    paths.resource_config.write_text(json.dumps({"current_host": host, "hosts": [host]}))
+
+
+def _launch(paths: SageMakerPaths, level: int | None, *, preflight: bool) -> int:
     try:
         from .launch import launch  # imported here so that `train --help` is instant
 
-        return launch(paths, job_log_level=set_level if level is None else None)
+        return launch(paths, job_log_level=set_level if level is None else None, preflight_only=preflight)
     except (Stopped, StopRequested) as exc:
         log.warning("%s", exc)
         failure.write_failure(paths.failure_file, failure.compose(str(exc)))
@@ -143,6 +164,11 @@ def _failed(paths: SageMakerPaths, exc: LauncherError) -> int:
     log.error("%s", exc)
     failure.write_failure(paths.failure_file, failure.compose(str(exc)))
     return exc.exit_code
+
+
+def preflight(argv: list[str] | None = None) -> int:
+    """`preflight`: the same as `train preflight` (an image's command: `docker run IMAGE preflight`)."""
+    return main(["preflight", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

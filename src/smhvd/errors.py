@@ -14,6 +14,7 @@ EX_UNAVAILABLE = 69  # a peer host never came up, or the leader was lost mid-job
 EX_MPI_ABORT = 76  # Open MPI announced an abort (e.g. ranks cannot reach each other) and mpirun hung: ended
 EX_SOFTWARE = 70  # internal error, or the code's requirements.txt failed to install
 EX_CONFIG = 78  # malformed or inconsistent /opt/ml configuration
+EX_TEMPFAIL = 75  # the pre-flight named a host (sagemaker_preflight=fail): rerun on new hosts
 EX_CANTCREAT = 73  # this host's environment for its ranks could not be served (its directory is taken)
 EX_NOT_STARTED = 127  # a rank's program could not be started (not found, not executable)
 EX_STOPPED = 128 + 15  # stopped by SIGTERM (how SageMaker stops a job)
@@ -68,6 +69,12 @@ class Stopped(LauncherError):
     """SIGTERM (SageMaker's StopTrainingJob) or Ctrl-C arrived before the job started."""
 
     exit_code = EX_STOPPED
+
+
+class PreflightFailed(LauncherError):
+    """The pre-flight named a host under sagemaker_preflight=fail: the job stops before the script starts."""
+
+    exit_code = EX_TEMPFAIL
 
 
 class HostEnvError(LauncherError):

@@ -95,9 +95,15 @@ def step(what: str) -> Iterator[None]:
         raise StopRequested(f"{exc}, during {what} ({time.monotonic() - started:.1f}s in)") from None
 
 
-def launch(paths: SageMakerPaths, *, job_log_level: Callable[[int], object] | None = None) -> int:
+def launch(
+    paths: SageMakerPaths,
+    *,
+    job_log_level: Callable[[int], object] | None = None,
+    preflight_only: bool = False,
+) -> int:
     """`job_log_level`: how the job's own log level (the SDK's sagemaker_container_log_level) is applied;
-    None when `train` was given one (--log-level, SMHVD_LOG_LEVEL), which wins."""
+    None when `train` was given one (--log-level, SMHVD_LOG_LEVEL), which wins. `preflight_only` (`train
+    preflight`): the pre-flight is the job; no code is fetched and no script runs."""
     started_at = time.time()
     v3 = sdk_v3.load(paths)  # SDK v3 ModelTrainer(source_code=...): its sm_drivers channel says what to run
     if v3 is not None and v3.unsupported:  # v3's own driver runs it: decided here, before anything else
@@ -117,6 +123,11 @@ def launch(paths: SageMakerPaths, *, job_log_level: Callable[[int], object] | No
         job.hardware.gpus,
     )
     become_subreaper()
+    if preflight_only:
+        try:
+            return _preflight_only(job, started_at)
+        finally:
+            kill_descendants()
     try:
         # Every step below is a child process (proc/steps.py) or in-process work that a stop interrupts
         # (proc/stopping.py); `finally` ends whatever is left, whatever ended the launch.
@@ -140,6 +151,18 @@ def launch(paths: SageMakerPaths, *, job_log_level: Callable[[int], object] | No
         return _run_role(job, source, program, env, host, started_at)
     finally:
         kill_descendants()  # whatever the role, nothing started by this job outlives `train`
+
+
+def _preflight_only(job: Job, started_at: float) -> int:
+    """Every host as in a job (the leader probes them all, the workers wait for its verdict), no script."""
+    env = rank_env(job, os.environ, {})
+    with step("the EFA probe (fi_info)"):
+        env.update(efa_settings(job, env))
+    prepare_dirs(job.paths)
+    with tempfile.TemporaryDirectory(prefix="smhvd-") as tmp:
+        if job.is_leader:
+            return run_leader(job, [], env, Path(tmp), Path("/"), started_at, preflight_only=True)
+        return run_worker(job, Path(tmp), env)
 
 
 def _run_role(

@@ -56,6 +56,14 @@ SERVED = "SMHVD_HOSTENV"
 SSH_PORT = "SMHVD_SSH_PORT"
 HOSTENV_TIMEOUT = "SMHVD_HOSTENV_TIMEOUT"
 
+# The pre-flight (preflight/): the leader gives its probe what to check as JSON in PREFLIGHT_SPEC (forwarded
+# to every host like the job's own variables); each probe writes its findings to stdout as lines
+# PREFLIGHT_MARK + one JSON object ({"beat": s}, {"facts": {...}}, {"links": {...}}, {"clock": {...}},
+# {"gpu": {...}}, {"done": true}), which mpirun tags with the probe's rank.
+PREFLIGHT_SPEC = "SMHVD_PREFLIGHT"
+PREFLIGHT_MARK = "smhvd-preflight "
+PREFLIGHT_BEAT = 0.5  # seconds between a probe's beats: a host whose beats stop has stopped answering
+
 # The link.
 READY = b"ready\n"
 HEARTBEAT_INTERVAL = 2.0  # the leader sends {"event": "alive"} this often while the job runs

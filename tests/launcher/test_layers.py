@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("smhvd.report", "smhvd.environment", "smhvd.sourcecode", "smhvd.s3_download"),  # what the user is told;
     # the script's variables and code
     ("smhvd.mpi",),  # how mpirun runs (its command, output and supervision)
+    ("smhvd.preflight",),  # every host measured before the job (its probe runs under the job's mpirun)
     ("smhvd.roles",),  # what this host does
     (
         "smhvd.rank",

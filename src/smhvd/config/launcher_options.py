@@ -204,6 +204,58 @@ class LauncherOwnOptions:
     )
 
 
+PREFLIGHT_POLICIES = ("off", "warn", "fail")
+
+
+@dataclass(frozen=True)
+class PreflightOptions:
+    """The pre-flight: every host measured before the script starts (preflight/, docs/preflight.md)."""
+
+    policy: str = option(
+        "sagemaker_preflight",
+        "warn",
+        choice(*PREFLIGHT_POLICIES),
+        "the pre-flight before the script (docs/preflight.md): `warn` logs a named host and goes on, `fail` "
+        "stops the job (exit 75) before the script starts, `off` skips it",
+        shown_default="`warn`",
+        readme="pre-flight of every host before the script: `off`, `warn` or `fail` (exit 75)",
+    )
+    timeout: float = option(
+        "launcher_preflight_timeout_seconds",
+        60.0,
+        number(1, MAX_SECONDS),
+        "the pre-flight's bound: a host without its results by then is named (one whose probe falls silent "
+        "is named after at most 10 s of silence, or this, whichever is shorter)",
+    )
+    min_ratio: float = option(
+        "launcher_preflight_min_ratio",
+        0.5,
+        number(0, 1),
+        "a link's bandwidth (or a host's GPU bus bandwidth) below this fraction of the median, or of the "
+        "instance type's figure, names it",
+    )
+    min_shm_mb: float = option(
+        "launcher_preflight_min_shm_mb",
+        512.0,
+        number(0, MAX_FUSION_THRESHOLD_MB),
+        "a host with less free `/dev/shm` is named (NCCL and Open MPI's shared memory live there; a "
+        "container's default is 64 MB)",
+    )
+    min_free_disk_mb: float = option(
+        "launcher_preflight_min_free_disk_mb",
+        1024.0,
+        number(0, MAX_FUSION_THRESHOLD_MB * 1024),
+        "a host with less free space where checkpoints, the model or the output go, or in the temporary "
+        "directory, is named",
+    )
+    max_clock_offset: float = option(
+        "launcher_preflight_max_clock_offset_seconds",
+        5.0,
+        number(0, MAX_SECONDS),
+        "a host whose clock differs from the leader's by more is named",
+    )
+
+
 @dataclass(frozen=True)
 class HorovodOptions:
     """Horovod's own settings: HOROVOD_* variables on every rank."""
@@ -293,9 +345,10 @@ class LauncherOptions:
     mpi: MpiOptions
     launcher: LauncherOwnOptions
     horovod: HorovodOptions
+    preflight: PreflightOptions = PreflightOptions()
 
 
-GROUPS = (ProgramOptions, MpiOptions, LauncherOwnOptions, HorovodOptions)
+GROUPS = (ProgramOptions, MpiOptions, LauncherOwnOptions, PreflightOptions, HorovodOptions)
 
 
 def all_declarations() -> list[Declared]:
@@ -392,4 +445,5 @@ def parse_launcher_options(reserved: Mapping[str, object]) -> LauncherOptions:
         mpi=read_options(MpiOptions, reserved),
         launcher=read_options(LauncherOwnOptions, reserved),
         horovod=read_options(HorovodOptions, reserved),
+        preflight=read_options(PreflightOptions, reserved),
     )

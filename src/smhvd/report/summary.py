@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from smhvd.wire import RankStart
 
@@ -30,6 +31,7 @@ class JobSummary:
     horovod_op_share: (
         float | None
     )  # with horovod_timeline: share of the ranks' time inside Horovod operations
+    preflight: Mapping[str, Any] | None = None  # the pre-flight's verdict (preflight/verdict.py), when it ran
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -44,6 +46,9 @@ class JobSummary:
         )
         if self.horovod_op_share is not None:
             text += f"; {self.horovod_op_share:.0%} of rank time in Horovod ops"
+        if self.preflight is not None:
+            named = self.preflight.get("named") or []
+            text += f"; pre-flight: {len(named)} host(s) named" if named else "; pre-flight: ok"
         if self.failure:
             text += f"; failure: {self.failure}"
         return text
@@ -60,6 +65,7 @@ def summarize(
     host_exits: Mapping[str, int | str],
     failure: str | None,
     horovod_op_share: float | None = None,
+    preflight: Mapping[str, Any] | None = None,
 ) -> JobSummary:
     per_host: dict[str, int] = {}
     for start in starts:
@@ -76,6 +82,7 @@ def summarize(
         host_exits=dict(host_exits),
         failure=failure.splitlines()[0] if failure else None,
         horovod_op_share=horovod_op_share,
+        preflight=preflight,
     )
 
 

@@ -14,11 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from smhvd.config.job import Job
-from smhvd.errors import EX_STOPPED
+from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, Stopped
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv, display, plan_for
 from smhvd.mpi.hostfile import render_hostfile
 from smhvd.mpi.output import parse_mpirun_verdict
 from smhvd.mpi.supervisor import STOP_DUMP_WAIT, Dumps, Outcome, supervise
+from smhvd.preflight.check import run_preflight
+from smhvd.preflight.verdict import Verdict
 from smhvd.proc.signals import SignalWatch
 from smhvd.report import failure, summary
 from smhvd.report.stacks import StackDumper
@@ -94,6 +96,16 @@ def tell_all(links: Sequence[WorkerLink], event: dict[str, object]) -> None:
         worker.send(event)
 
 
+def preflight_stop(job: Job, verdict: Verdict | None, only: bool) -> str | None:
+    """The failure reason when the pre-flight stops the job (policy fail, or a pre-flight-only run): the first
+    named host and its reason on the first line. Pure."""
+    if verdict is None or verdict.ok or not (only or job.options.preflight.policy == "fail"):
+        return None
+    first, *others = verdict.named
+    more = "".join(f"\n{n.host}: {n.reason}" for n in others)
+    return failure.compose(f"pre-flight named {first.host}: {first.reason}", more.strip())
+
+
 def run_leader(
     job: Job,
     program: Sequence[str],
@@ -101,8 +113,11 @@ def run_leader(
     run_dir: Path,
     code_dir: Path,
     started_at: float | None = None,
+    *,
+    preflight_only: bool = False,
 ) -> int:
-    """Run the job from the leader; `started_at` (time.time() when `train` started) dates the summary."""
+    """Run the job from the leader; `started_at` (time.time() when `train` started) dates the summary.
+    `preflight_only`: the pre-flight is the job (`train preflight`)."""
     started_at = time.time() if started_at is None else started_at
     host_env = dict(env)  # this host's ranks' own environment, served to them (roles/hostenv.py)
     hostenv.reclaim_leaders_leftovers()  # what trains killed by SIGKILL left behind
@@ -112,6 +127,9 @@ def run_leader(
     hosts = list(job.mpi_hosts) if job.mpi_multi_host else ["localhost"]
     plan.hostfile.write_text(render_hostfile(hosts, job.processes_per_host))
     links: list[WorkerLink] = []
+    verdict: Verdict | None = None
+    outcome: Outcome | None = None
+    dump_line: str | None = None
     with SignalWatch() as watch, hostenv.serving(served_from, host_env):
         if job.multi_host:
             port = ssh_port(os.environ)
@@ -129,39 +147,69 @@ def run_leader(
                 job.options.launcher.peer_timeout,
                 watch,
             )
+        if preflight_only or job.options.preflight.policy != "off":
+            try:
+                verdict = run_preflight(job, plan, env, run_dir, watch)
+            except Stopped as exc:
+                tell_all(links, {"event": "end", "exit_code": exc.exit_code, "reason": str(exc)})
+                close_all(links)
+                raise
+        stop_reason = preflight_stop(job, verdict, preflight_only)
+        if stop_reason is None and not preflight_only:
             tell_all(links, {"event": "start"})
-        argv = build_mpirun_argv(plan)
-        log.info("starting %d processes: %s", plan.num_processes, display(argv))
-        stacks = StackDumper(
-            job.resources.current_host, job.paths.output_data_dir, job.mpi_hosts[1:], plan.ssh_config
-        )
-        outcome = supervise(
-            argv,
-            env,
-            code_dir,
-            keep=[w.proc.pid for w in links],
-            watch=watch,
-            tick=functools.partial(tell_all, links, {"event": "alive"}) if links else None,
-            dumps=Dumps(stacks.start, stacks.wait, job.options.launcher.hang_dump_seconds),
-            # A stop that reached only the leader (a user's stop, Ctrl-C) stops every host's ranks.
-            on_stop=functools.partial(tell_all, links, {"event": "stop"}),
-        )
-        stacks.wait(STOP_DUMP_WAIT)
-    code, reason = conclude(job, outcome, stacks.last_line)
+            outcome, dump_line = _run_mpirun(job, plan, env, code_dir, links, watch)
+    if outcome is not None:
+        code, reason = conclude(job, outcome, dump_line)
+    elif stop_reason is not None:
+        code, reason = EX_TEMPFAIL, stop_reason
+        failure.write_failure(job.paths.failure_file, reason)
+        log.error("job stopped before the script (exit %d): %s", code, reason.splitlines()[0])
+    else:
+        code, reason = 0, ""
     told = {w.host: w.send({"event": "end", "exit_code": code, "reason": reason}) for w in links}
     close_all(links)
-    report(job, plan, outcome, code, reason, started_at, told)
+    report(job, plan, outcome, code, reason, started_at, told, verdict)
     return code
+
+
+def _run_mpirun(
+    job: Job,
+    plan: MpiPlan,
+    env: Mapping[str, str],
+    code_dir: Path,
+    links: Sequence[WorkerLink],
+    watch: SignalWatch,
+) -> tuple[Outcome, str | None]:
+    """The job's mpirun to its end; the outcome, and the summary line of a stack dump if one was taken."""
+    argv = build_mpirun_argv(plan)
+    log.info("starting %d processes: %s", plan.num_processes, display(argv))
+    stacks = StackDumper(
+        job.resources.current_host, job.paths.output_data_dir, job.mpi_hosts[1:], plan.ssh_config
+    )
+    outcome = supervise(
+        argv,
+        env,
+        code_dir,
+        keep=[w.proc.pid for w in links],
+        watch=watch,
+        tick=functools.partial(tell_all, links, {"event": "alive"}) if links else None,
+        dumps=Dumps(stacks.start, stacks.wait, job.options.launcher.hang_dump_seconds),
+        # A stop that reached only the leader (a user's stop, Ctrl-C) stops every host's ranks.
+        on_stop=functools.partial(tell_all, links, {"event": "stop"}),
+    )
+    stacks.wait(STOP_DUMP_WAIT)
+    return outcome, stacks.last_line
 
 
 def report(
     job: Job,
     plan: MpiPlan,
-    outcome: Outcome,
+    outcome: Outcome | None,
     code: int,
     reason: str,
     started_at: float,
     told: Mapping[str, bool],
+    verdict: Verdict | None = None,
 ) -> None:
     """Log the job summary and write it to output/data/job-summary.json."""
     share = None
@@ -175,13 +223,14 @@ def report(
     result = summary.summarize(
         hosts=job.mpi_hosts,
         ranks=plan.num_processes,
-        starts=outcome.output.starts,
+        starts=outcome.output.starts if outcome is not None else (),
         started_at=started_at,
         ended_at=time.time(),
         exit_code=code,
         host_exits=host_exits,
         failure=reason or None,
         horovod_op_share=share,
+        preflight=verdict.to_json() if verdict is not None else None,
     )
     log.info("%s", result.render())
     try:

@@ -1,0 +1,1 @@
+"""Pre-flight checks run on every host before an expensive multi-host job."""

@@ -1,0 +1,73 @@
+"""The pre-flight of one job, run by its leader after every host is reachable and before the script starts:
+the probe on every MPI host (runner.py), the verdict (verdict.py), the table and the verdict line in the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from smhvd.config.job import Job
+from smhvd.mpi.command import MpiPlan
+from smhvd.proc.signals import SignalWatch
+from smhvd.wire import PREFLIGHT_SPEC
+
+from .runner import SILENCE, findings_of, probe_argv, probe_program, run_probes
+from .verdict import Verdict, judge, table
+
+log = logging.getLogger("smhvd")
+
+
+def places(job: Job) -> dict[str, str]:
+    """Where the job writes, by the name the report gives each."""
+    paths = job.paths
+    return {
+        "checkpoints": str(paths.checkpoint_dir),
+        "model": str(paths.model_dir),
+        "output": str(paths.output_data_dir),
+        "tmp": tempfile.gettempdir(),
+    }
+
+
+def groups(job: Job) -> dict[str, tuple[str, str | None]]:
+    """Each host's (instance group, instance type): one group of the current type without instance_groups."""
+    resources = job.resources
+    found = {h: ("", resources.current_instance_type) for h in resources.hosts}
+    for group in resources.instance_groups:
+        for host in group.hosts:
+            found[host] = (group.name, group.instance_type)
+    return found
+
+
+def spec(job: Job, hosts: tuple[str, ...]) -> str:
+    """What every probe is told (wire.PREFLIGHT_SPEC). Pure."""
+    return json.dumps(
+        {
+            "hosts": list(hosts),
+            "places": places(job),
+            "gpus": job.hardware.gpus > 0,
+            "min_ratio": job.options.preflight.min_ratio,
+        }
+    )
+
+
+def run_preflight(
+    job: Job, plan: MpiPlan, env: Mapping[str, str], run_dir: Path, signals: SignalWatch | None = None
+) -> Verdict:
+    """Probe every MPI host (this one alone on a one-host job), log the table and the verdict line; a stop
+    (`signals`) ends it with Stopped."""
+    options = job.options.preflight
+    several = job.mpi_multi_host
+    hosts = job.mpi_hosts if several else (job.resources.current_host,)
+    argv = probe_argv(plan, hosts, run_dir) if several else probe_program()
+    log.info("pre-flight of %d host(s) (up to %gs)", len(hosts), options.timeout)
+    collected, seconds = run_probes(
+        argv, {**env, PREFLIGHT_SPEC: spec(job, hosts)}, hosts, options.timeout, signals=signals
+    )
+    verdict = judge(findings_of(collected, seconds, options.timeout, SILENCE, groups(job)), options)
+    log.info("pre-flight:\n%s", table(verdict))
+    (log.info if verdict.ok else log.warning)("%s", verdict.line())
+    return verdict

@@ -1,0 +1,185 @@
+"""Bandwidth and latency between the hosts, over MPI itself (mpi4py in the probe): the transport, interfaces
+and options the job's own ranks get, since the probe runs under the job's mpirun command line.
+
+Links are measured in rounds: in the round of offset d every rank sends to ranks r+d and r-d and receives
+from them, all at once (non-blocking), and times each receive from a barrier. Offsets 1..N/2 (every pair) up
+to ALL_PAIRS_UP_TO hosts, offset 1 (the ring, both ways) above. First each round carries 256 KiB a link (a
+rough rate for each); then, every rank knowing every link's rough rate (allgather), each round is done REPEATS
+times, each link carrying what it carries in about SECONDS_PER_LINK, between 64 KiB and 32 MiB: a fast link is
+measured on enough bytes, and a slow one (20 Mbit/s) costs a fraction of a second, never minutes. A link's
+figure is its best; a link below the threshold is measured once more alone (`confirm`).
+
+Latency and clock: the leader (rank 0) exchanges a few stamps with each rank in turn; the round trip's
+minimum is the latency, and the clock offset is the rank's stamp minus the midpoint of that round trip.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+ALL_PAIRS_UP_TO = 8
+CALIBRATION_BYTES = 256 << 10
+MIN_BYTES = 64 << 10
+MAX_BYTES = 32 << 20
+SECONDS_PER_LINK = 0.03
+POLL = 0.0005  # seconds between looks at a request a rank waits for
+CONFIRM_SECONDS = 0.1
+CONFIRM_TRIES = 1
+MAX_CONFIRMED = 16  # suspect links measured again alone, the slowest first
+REPEATS = 2  # the measured rounds, each link's best kept (a busy host only ever slows a link down)
+PINGS = 5
+TAG = 7117
+
+Link = tuple[int, int]  # (source rank, destination rank)
+
+
+def offsets(n: int, all_pairs_up_to: int = ALL_PAIRS_UP_TO) -> list[int]:
+    """The rounds' offsets for n ranks. Pure."""
+    if n < 2:
+        return []
+    return list(range(1, n // 2 + 1)) if n <= all_pairs_up_to else [1]
+
+
+def partners(rank: int, n: int, offset: int) -> list[int]:
+    """Whom `rank` sends to and receives from in the round of `offset` (one partner when r+d == r-d). Pure."""
+    return sorted({(rank + offset) % n, (rank - offset) % n} - {rank})
+
+
+def sized(rate_mb_s: float | None, seconds: float = SECONDS_PER_LINK) -> int:
+    """Bytes a link of this rough rate carries in about `seconds`, within [64 KiB, 32 MiB]. Pure."""
+    if rate_mb_s is None or rate_mb_s <= 0:
+        return CALIBRATION_BYTES
+    wanted = int(rate_mb_s * 1e6 * seconds)
+    return max(MIN_BYTES, min(MAX_BYTES, wanted))
+
+
+def rate(size: int, seconds: float) -> float:
+    """MB/s (1e6 bytes). Pure."""
+    return round(size / max(seconds, 1e-9) / 1e6, 1)
+
+
+def idle_wait(request: Any) -> Any:
+    """Wait for a request without spinning: MPI's blocking calls busy-poll, and on hosts with few cores (or a
+    simulated cluster on one machine) the ranks that wait would take the CPU from those still measuring."""
+    while True:
+        done, value = request.test()
+        if done:
+            return value
+        time.sleep(POLL)
+
+
+def exchange(
+    comm: Any, mpi: Any, rank: int, peers: list[int], size_of: Callable[[Link], int]
+) -> dict[int, float]:
+    """One round: send to and receive from each of `peers` at once; by source, the MB/s of its link, timed
+    from the barrier to the receive's completion."""
+    payload = bytearray(max((size_of((rank, p)) for p in peers), default=0))
+    buffers = {p: bytearray(size_of((p, rank))) for p in peers}
+    idle_wait(comm.Ibarrier())
+    start = time.perf_counter()
+    receives = [comm.Irecv([buffers[p], mpi.BYTE], source=p, tag=TAG) for p in peers]
+    sends = [
+        comm.Isend([memoryview(payload)[: size_of((rank, p))], mpi.BYTE], dest=p, tag=TAG) for p in peers
+    ]
+    took: dict[int, float] = {}
+    while len(took) < len(peers):
+        index, done = mpi.Request.Testany(receives)
+        if done and index != mpi.UNDEFINED:
+            took[peers[index]] = time.perf_counter() - start
+        else:
+            time.sleep(POLL)
+    while not mpi.Request.Testall(sends):
+        time.sleep(POLL)
+    return {p: rate(size_of((p, rank)), seconds) for p, seconds in took.items()}
+
+
+def measure_links(comm: Any, mpi: Any, ratio: float) -> dict[int, float]:
+    """MB/s of each link into this rank, by source rank (collective: every rank calls it)."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    rounds = [partners(rank, n, d) for d in offsets(n)]
+    rough: dict[int, float] = {}
+    for peers in rounds:
+        rough.update(exchange(comm, mpi, rank, peers, lambda _link: CALIBRATION_BYTES))
+    every: dict[Link, float] = {}
+    for dst, rates in enumerate(comm.allgather(rough)):
+        for src, value in rates.items():
+            every[(src, dst)] = value
+
+    def size_of(link: Link) -> int:
+        return sized(every.get(link))
+
+    best: dict[int, float] = dict.fromkeys(rough, 0.0)  # (1 MiB fits in the sockets' buffers: a rough rate)
+    for _ in range(REPEATS):
+        for peers in rounds:
+            for source, mb_s in exchange(comm, mpi, rank, peers, size_of).items():
+                best[source] = max(best[source], mb_s)
+    return confirm(comm, mpi, rank, best, ratio)
+
+
+def suspects(every: dict[Link, float], ratio: float, limit: int = MAX_CONFIRMED) -> list[Link]:
+    """The links below ratio x the median, slowest first, at most `limit`. Pure."""
+    med = median(every.values())
+    if med is None:
+        return []
+    slow = sorted((mb_s, link) for link, mb_s in every.items() if mb_s < ratio * med)
+    return sorted(link for _, link in slow[:limit])
+
+
+def _same(size: int, _link: Link) -> int:
+    return size
+
+
+def confirm(comm: Any, mpi: Any, rank: int, best: dict[int, float], ratio: float) -> dict[int, float]:
+    """Measure each suspect link again alone, CONFIRM_TRIES times over CONFIRM_SECONDS each, every other rank
+    idle: measured together, links share the hosts' CPUs (on a simulated cluster, one machine's), and a short
+    window is at the mercy of one descheduling, so a link can look slow that is not. A link slow alone too is
+    slow. Every rank computes the same suspects from the allgathered figures."""
+    every = {
+        (src, dst): mb_s for dst, rates in enumerate(comm.allgather(best)) for src, mb_s in rates.items()
+    }
+    confirmed = dict(best)
+    for src, dst in suspects(every, ratio):
+        alone = functools.partial(_same, sized(every[(src, dst)], CONFIRM_SECONDS))
+        for _ in range(CONFIRM_TRIES):
+            if rank in (src, dst):
+                took = exchange(comm, mpi, rank, [dst if rank == src else src], alone)
+                if rank == dst:
+                    confirmed[src] = max(confirmed[src], *took.values())
+            else:
+                idle_wait(comm.Ibarrier())
+    return confirmed
+
+
+def clock_and_latency(comm: Any, rank: int, n: int) -> dict[int, tuple[float, float]]:
+    """On rank 0: (round trip ms, clock offset s) of each other rank; elsewhere {} (collective). A rank waits
+    for its turn without spinning (idle_wait), then answers each stamp at once."""
+    found: dict[int, tuple[float, float]] = {}
+    if rank == 0:
+        for other in range(1, n):
+            comm.send(None, dest=other, tag=TAG)  # your turn
+            comm.recv(source=other, tag=TAG)
+            samples = []
+            for _ in range(PINGS):
+                sent = time.time()
+                comm.send(None, dest=other, tag=TAG)
+                theirs = comm.recv(source=other, tag=TAG)
+                back = time.time()
+                samples.append((back - sent, theirs - (sent + back) / 2))
+            trip, offset = min(samples)
+            found[other] = (round(trip * 1e3, 3), round(offset, 4))
+    else:
+        idle_wait(comm.irecv(source=0, tag=TAG))
+        comm.send(None, dest=0, tag=TAG)
+        for _ in range(PINGS):
+            comm.recv(source=0, tag=TAG)
+            comm.send(time.time(), dest=0, tag=TAG)  # stamped once the leader's word arrived
+    return found
+
+
+def median(values: Iterable[float]) -> float | None:
+    data = [v for v in values if v is not None]
+    return statistics.median(data) if data else None

@@ -1,0 +1,256 @@
+"""The leader's side of the pre-flight: run the probe on every MPI host (one process a host, under the job's
+own mpirun command line, so over the job's transport; directly on a one-host job), read each host's findings
+as they come, and end it within its bounds:
+
+- every probe said `done`: the verdict at once;
+- a host falls silent (no beat for `silence` seconds, or none at all that long after the first host spoke)
+  while another still beats: it stopped answering; the probes are ended and it is named, never waited for;
+- the bound (launcher_preflight_timeout_seconds) passes: hosts still silent are named, else those not done.
+
+Whatever ended it, the probe's process tree is gone when this returns (proc/steps.end_tree).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from smhvd.errors import Stopped
+from smhvd.mpi.command import MpiPlan, build_mpirun_argv
+from smhvd.mpi.hostfile import render_hostfile
+from smhvd.mpi.output import ABORT_SIGNS, first_sentence
+from smhvd.proc.loop import Loop
+from smhvd.proc.processes import descendants, die_with_parent, drain_pipe
+from smhvd.proc.signals import SignalWatch
+from smhvd.proc.steps import end_tree, last_line
+from smhvd.wire import PREFLIGHT_BEAT, PREFLIGHT_MARK, PREFLIGHT_SPEC
+
+from .verdict import Findings
+
+log = logging.getLogger("smhvd")
+PROBE_MODULE = "smhvd.preflight.probe"
+SILENCE = 10.0  # a probe silent this long (20 beats) while another beats has stopped answering
+_TAG = re.compile(rb"^\[\d+,(\d+)\]<std(?:out|err)>:")
+
+
+def probe_program() -> list[str]:
+    return [sys.executable, "-P", "-m", PROBE_MODULE]
+
+
+def probe_argv(plan: MpiPlan, hosts: Sequence[str], run_dir: Path) -> list[str]:
+    """The job's mpirun command line (its transport, interfaces and the user's options), one probe a host."""
+    hostfile = run_dir / "preflight-hostfile"
+    hostfile.write_text(render_hostfile(list(hosts), 1))
+    probe = dataclasses.replace(
+        plan,
+        num_processes=len(hosts),
+        hostfile=hostfile,
+        workdir=Path("/"),
+        program=tuple(probe_program()),
+        forward=tuple(sorted({*plan.forward, PREFLIGHT_SPEC})),
+        yield_when_idle=True,  # one probe a host, but a busy-polling wait must not starve its beats
+    )
+    return build_mpirun_argv(probe)
+
+
+def parse_line(line: bytes) -> tuple[int, dict[str, Any]] | None:
+    """(rank, finding) of one output line of mpirun (tagged) or of a lone probe (rank 0). Pure."""
+    rank = 0
+    tag = _TAG.match(line)
+    if tag:
+        rank = int(tag.group(1))
+        line = line[tag.end() :]
+    mark = PREFLIGHT_MARK.encode()
+    if not line.startswith(mark):
+        return None
+    try:
+        finding = json.loads(line[len(mark) :])
+    except ValueError:
+        return None
+    return (rank, finding) if isinstance(finding, dict) else None
+
+
+class _Silent(Exception):
+    pass
+
+
+@dataclass
+class Collected:
+    """Findings by rank as they arrive, and when each rank last spoke (the runner's clock)."""
+
+    hosts: tuple[str, ...]
+    clock: Callable[[], float] = time.monotonic
+    heard: dict[int, float] = field(default_factory=dict)
+    first_word: float | None = None
+    done: set[int] = field(default_factory=set)
+    found: dict[int, dict[str, Any]] = field(default_factory=dict)
+    phases: dict[int, dict[str, float]] = field(default_factory=dict)  # rank -> finding -> its probe's time
+    other: list[bytes] = field(default_factory=list)  # mpirun's own lines (its errors)
+    abort_notice: str | None = None  # Open MPI said the job aborts: nothing more will come
+    _rest: bytes = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self._rest += chunk
+        *lines, self._rest = self._rest.split(b"\n")
+        now = self.clock()
+        for line in lines:
+            parsed = parse_line(line)
+            if parsed is None:
+                if line.strip():
+                    self.other = [*self.other[-19:], line]
+                    self._notice_abort()
+                continue
+            rank, finding = parsed
+            if not 0 <= rank < len(self.hosts):
+                continue
+            self.heard[rank] = now
+            self.first_word = now if self.first_word is None else self.first_word
+            if finding.get("done"):
+                self.done.add(rank)
+            kinds = {k: v for k, v in finding.items() if k not in ("beat", "t")}
+            self.found.setdefault(rank, {}).update(kinds)
+            if isinstance(finding.get("t"), int | float):
+                self.phases.setdefault(rank, {}).update(dict.fromkeys(kinds, float(finding["t"])))
+
+    def _notice_abort(self) -> None:
+        lines = [line.decode(errors="replace").strip() for line in self.other]
+        text = " ".join(" ".join(lines).split())
+        if self.abort_notice is None and any(sign in text for sign in ABORT_SIGNS):
+            self.abort_notice = first_sentence(lines)
+
+    def silent(self, limit: float) -> list[int]:
+        """Ranks not done that have not spoken for `limit` seconds (or at all, that long after the first)."""
+        now = self.clock()
+        out = []
+        for rank in range(len(self.hosts)):
+            if rank in self.done:
+                continue
+            last = self.heard.get(rank, self.first_word)
+            if last is not None and now - last > limit:
+                out.append(rank)
+        return out
+
+    def check(self, limit: float) -> None:
+        """Raise _Silent when a rank fell silent while another still speaks, or Open MPI said it aborts."""
+        if self.abort_notice is not None:
+            raise _Silent
+        silent = self.silent(limit)
+        now = self.clock()
+        speaking = [r for r, at in self.heard.items() if r not in silent and now - at <= limit]
+        if silent and (speaking or self.done):
+            raise _Silent
+
+
+def run_probes(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    hosts: Sequence[str],
+    timeout: float,
+    silence: float = SILENCE,
+    signals: SignalWatch | None = None,
+) -> tuple[Collected, float]:
+    """Run the probe command to its end or its bounds; what each rank said, and the seconds it took.
+    `signals` (the leader's SignalWatch): a stop ends the pre-flight with Stopped."""
+    collected = Collected(tuple(hosts))
+    started = time.monotonic()
+    before = set(descendants())
+    proc = subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent,  # noqa: PLW1509  (nothing of the pre-flight outlives the launcher)
+    )
+    assert proc.stdout is not None
+    out = proc.stdout.fileno()
+    limit = min(silence, timeout)
+    try:
+        with Loop() as loop:
+
+            def read() -> None:
+                chunk = os.read(out, 65536)
+                if chunk:
+                    collected.feed(chunk)
+                else:
+                    loop.forget(out)
+
+            def exited() -> None:
+                for chunk in drain_pipe(out):
+                    collected.feed(chunk)
+                loop.stop()
+
+            def check_stop() -> None:
+                if signals is not None and signals.stop_requested():
+                    raise Stopped("stopped during the pre-flight")
+
+            loop.reader(out, read)
+            loop.exit_of(proc.pid, exited)
+            if signals is not None:
+                loop.reader(signals, check_stop)
+            loop.timers.every("silence", PREFLIGHT_BEAT / 2, lambda: collected.check(limit))
+            loop.timers.at("bound", started + timeout, loop.stop)
+            loop.run()
+    except _Silent:
+        pass
+    finally:
+        end_tree(proc, before)
+        proc.stdout.close()
+    collected.feed(b"\n")
+    return collected, time.monotonic() - started
+
+
+def findings_of(
+    collected: Collected,
+    seconds: float,
+    timeout: float,
+    silence: float,
+    groups: Mapping[str, tuple[str, str | None]],
+) -> Findings:
+    """What the probes said, by host, with a reason for each host that did not finish."""
+    hosts = collected.hosts
+    silent = set(collected.silent(min(silence, timeout)))
+    missing: dict[str, str] = {}
+    unfinished: dict[str, str] = {}
+    mpirun_said = last_line(b"\n".join(collected.other), "")
+    for rank, host in enumerate(hosts):
+        if rank in collected.done:
+            continue
+        if collected.abort_notice is not None:
+            missing[host] = f"the pre-flight's MPI job aborted: {collected.abort_notice}"
+        elif rank not in collected.heard:
+            why = f"did not answer: no word from its probe in {seconds:.1f}s"
+            missing[host] = f"{why} (mpirun: {mpirun_said[:200]})" if mpirun_said else why
+        elif rank in silent:
+            missing[host] = f"stopped answering during the pre-flight: no word for {min(silence, timeout):g}s"
+        elif not silent and "error" not in collected.found.get(rank, {}):
+            unfinished[host] = f"the pre-flight did not finish within {timeout:g}s"
+    by_host = {hosts[r]: f for r, f in collected.found.items()}
+    links = {h: f["links"] for h, f in by_host.items() if isinstance(f.get("links"), dict)}
+    clock = by_host.get(hosts[0], {}).get("clock") or {}
+    return Findings(
+        hosts=tuple(hosts),
+        facts={h: f["facts"] for h, f in by_host.items() if isinstance(f.get("facts"), dict)},
+        links=links,
+        clock=clock if isinstance(clock, dict) else {},
+        gpu={h: f["gpu"] for h, f in by_host.items() if isinstance(f.get("gpu"), dict)},
+        gpu_cluster=by_host.get(hosts[0], {}).get("gpu_cluster"),
+        silent=missing,
+        unfinished=unfinished,
+        errors={h: str(f["error"]) for h, f in by_host.items() if f.get("error")},
+        groups=groups,
+        seconds=seconds,
+        phases={hosts[r]: p for r, p in collected.phases.items()},
+    )

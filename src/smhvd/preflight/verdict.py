@@ -1,0 +1,321 @@
+"""The pre-flight's verdict: from what every host's probe said, which host is wrong and why; the table and the
+one-line verdict for the log, and the object for job-summary.json. Pure functions only.
+
+A host is compared with three things: fixed floors (free /dev/shm and disk, clock offset: options), what its
+instance type promises (GPUs), and the other hosts (the median of link and GPU bandwidths; the majority of its
+instance group for GPUs, CPUs, memory and EFA devices; the majority of all hosts for library versions, the
+leader's value breaking a tie). Each named host gets one reason: the first rule it breaks, in this order.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from smhvd.config.instance_types import EXPECTED_BUSBW_GBPS, gpu_count
+from smhvd.config.launcher_options import PreflightOptions
+
+Facts = Mapping[str, Any]  # one host's facts as its probe wrote them (facts.HostFacts as JSON)
+RTT_FLOOR_MS = (
+    1.0  # a round trip is named only this far above the median too (scheduling noise on a busy host)
+)
+
+
+@dataclass(frozen=True)
+class Named:
+    host: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the probes said, by host (a host missing from `facts` never said anything)."""
+
+    hosts: tuple[str, ...]  # the MPI hosts, the leader first
+    facts: Mapping[str, Facts] = field(default_factory=dict)
+    links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # dst -> src -> MB/s
+    clock: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # host -> rtt_ms, offset_s
+    gpu: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> devices, busbw_gbps, error
+    gpu_cluster: Mapping[str, Any] | None = None
+    silent: Mapping[str, str] = field(default_factory=dict)  # host -> why it is missing (stopped answering)
+    # host -> its probe still ran at the bound with every host answering: named only when nothing else is
+    unfinished: Mapping[str, str] = field(default_factory=dict)
+    errors: Mapping[str, str] = field(default_factory=dict)  # host -> its probe's error
+    groups: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)  # host -> (group, type)
+    seconds: float = 0.0
+    phases: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # host -> finding -> probe's time
+
+
+@dataclass(frozen=True)
+class Verdict:
+    named: tuple[Named, ...]
+    rows: tuple[Mapping[str, Any], ...]
+    medians: Mapping[str, float | None]
+    notes: tuple[str, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.named
+
+    def line(self) -> str:
+        """The one-line verdict."""
+        took = f"{self.seconds:.1f}s"
+        if self.ok:
+            return f"pre-flight: all {len(self.rows)} host(s) fine ({took})"
+        shown = "; ".join(f"{n.host}: {n.reason}" for n in self.named)
+        return f"pre-flight: {len(self.named)} of {len(self.rows)} host(s) named ({took}): {shown}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "named": [{"host": n.host, "reason": n.reason} for n in self.named],
+            "hosts": {row["host"]: dict(row) for row in self.rows},
+            "medians": dict(self.medians),
+            "notes": list(self.notes),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    data = [v for v in values if v is not None]
+    return statistics.median(data) if data else None
+
+
+def _majority(values: Mapping[str, object], reference: str) -> object:
+    """The most common value; on a tie, the reference host's."""
+    counts = Counter(values.values()).most_common()
+    if not counts:
+        return None
+    top = [value for value, count in counts if count == counts[0][1]]
+    return values[reference] if len(top) > 1 and reference in values else top[0]
+
+
+def _odd_ones(values: Mapping[str, object], reference: str, say: str) -> dict[str, str]:
+    """Hosts whose value differs from the majority, each with `say` formatted with {value} and {usual}."""
+    usual = _majority(values, reference)
+    return {h: say.format(value=v, usual=usual) for h, v in values.items() if v != usual}
+
+
+def slow_links(links: Mapping[str, Mapping[str, float]], ratio: float) -> tuple[dict[str, str], float | None]:
+    """Hosts to name for links below ratio x the median, and the median. A host at the end of two or more slow
+    links is named (most slow links first, each link explained once); a slow link left over names the host
+    that received it."""
+    every = {(src, dst): mb for dst, by_src in links.items() for src, mb in by_src.items()}
+    med = _median(list(every.values()))
+    if med is None:
+        return {}, None
+    slow = {link: mb for link, mb in every.items() if mb < ratio * med}
+    named: dict[str, str] = {}
+    left = dict(slow)
+    while left:
+        touching = Counter(host for link in left for host in link)
+        host, count = max(sorted(touching.items()), key=lambda item: item[1])
+        if count < 2:
+            break
+        mine = sorted((link, mb) for link, mb in left.items() if host in link)
+        shown = ", ".join(f"{src}->{dst} {mb:g} MB/s" for (src, dst), mb in mine)
+        named[host] = f"slow network: {shown}; median link {med:g} MB/s"
+        left = {link: mb for link, mb in left.items() if host not in link}
+    for (src, dst), mb in sorted(left.items()):
+        named.setdefault(dst, f"slow network: link {src}->{dst} {mb:g} MB/s; median link {med:g} MB/s")
+    return named, med
+
+
+def _gpu_reasons(findings: Findings, ratio: float) -> tuple[dict[str, str], float | None]:
+    reasons: dict[str, str] = {}
+    busbw: dict[str, float] = {
+        h: float(g["busbw_gbps"]) for h, g in findings.gpu.items() if g.get("busbw_gbps") is not None
+    }
+    med = _median(list(busbw.values()))
+    for host, value in busbw.items():
+        instance_type = findings.groups.get(host, ("", None))[1]
+        expected = EXPECTED_BUSBW_GBPS.get(instance_type or "")
+        if expected is not None and value < ratio * expected:
+            reasons[host] = (
+                f"GPU all_reduce bus bandwidth {value:g} GB/s; {instance_type} reaches ~{expected:g}"
+            )
+        elif med is not None and len(busbw) > 2 and value < ratio * med:
+            reasons[host] = f"GPU all_reduce bus bandwidth {value:g} GB/s; median {med:g} GB/s"
+    for host, g in findings.gpu.items():
+        if g.get("error") and findings.facts.get(host, {}).get("gpus"):
+            reasons.setdefault(host, f"GPUs visible but NCCL failed: {g['error']}")
+    return reasons, med
+
+
+def _host_reasons(findings: Findings, options: PreflightOptions, facts: Facts, host: str) -> list[str]:
+    """What is wrong with one host by itself (floors, its instance type, its GPUs' health)."""
+    out: list[str] = []
+    instance_type = findings.groups.get(host, ("", None))[1]
+    expected = gpu_count(instance_type)
+    if expected is not None and facts["gpus"] != expected:
+        out.append(f"{facts['gpus']} GPU(s) visible; {instance_type} has {expected}")
+    for gpu in facts.get("gpu_health") or ():
+        if gpu.get("ecc_uncorrected"):
+            out.append(f"GPU {gpu['index']}: {gpu['ecc_uncorrected']} uncorrectable ECC error(s)")
+        if gpu.get("retired_pending") or gpu.get("remapped_pending"):
+            out.append(f"GPU {gpu['index']}: retired/remapped memory pending a reset")
+    shm = facts.get("shm_free_mb")
+    if shm is not None and shm < options.min_shm_mb:
+        out.append(f"/dev/shm has {shm:g} MB free; at least {options.min_shm_mb:g} MB wanted")
+    for place, free in (facts.get("disk_free_mb") or {}).items():
+        if free is not None and free < options.min_free_disk_mb:
+            out.append(f"{place}: {free:g} MB free; at least {options.min_free_disk_mb:g} MB wanted")
+    offset = findings.clock.get(host, {}).get("offset_s")
+    if offset is not None and abs(offset) > options.max_clock_offset:
+        out.append(f"clock {offset:+g}s from the leader's; at most {options.max_clock_offset:g}s")
+    return out
+
+
+def _group_reasons(
+    facts: Mapping[str, Facts], groups: Mapping[str, tuple[str, str | None]], leader: str
+) -> dict[str, list[str]]:
+    """Hosts unlike the majority of their instance group: GPUs, CPUs, EFA devices, memory (whole GB)."""
+    out: dict[str, list[str]] = {}
+    group_of = {h: groups.get(h, ("", None))[0] for h in facts}
+    for group in sorted(set(group_of.values())):
+        members = {h: f for h, f in facts.items() if group_of[h] == group}
+        ref = leader if leader in members else min(members)
+        where = f"the other hosts of {group}" if group else "the other hosts"
+        values: dict[str, dict[str, object]] = {
+            "GPU(s) visible": {h: f["gpus"] for h, f in members.items()},
+            "CPUs": {h: f["cpus"] for h, f in members.items()},
+            "EFA device(s)": {h: len(f["efa_devices"]) for h, f in members.items()},
+            "GB of memory": {h: round(f["memory_gb"] or 0) for h, f in members.items()},
+        }
+        for what, by_host in values.items():
+            for host, why in _odd_ones(by_host, ref, f"{{value}} {what}; {where} have {{usual}}").items():
+                out.setdefault(host, []).append(why)
+    return out
+
+
+def _version_reasons(facts: Mapping[str, Facts], leader: str) -> dict[str, list[str]]:
+    """Hosts whose library versions differ from the majority of all hosts."""
+    out: dict[str, list[str]] = {}
+    names = sorted({name for f in facts.values() for name in f.get("versions", {})})
+    for name in names:
+        values = {h: f.get("versions", {}).get(name, "none") for h, f in facts.items()}
+        for host, why in _odd_ones(
+            values, leader, f"{name} {{value}}; the other hosts have {{usual}}"
+        ).items():
+            out.setdefault(host, []).append(why)
+    return out
+
+
+def _latency_reasons(
+    clock: Mapping[str, Mapping[str, float]], ratio: float
+) -> tuple[dict[str, str], float | None]:
+    """Hosts whose round trip from the leader is above median / ratio (and RTT_FLOOR_MS above the median)."""
+    trips = {h: c["rtt_ms"] for h, c in clock.items() if c.get("rtt_ms") is not None}
+    med = _median(list(trips.values()))
+    if med is None or len(trips) < 3:
+        return {}, med
+    return {
+        h: f"round trip from the leader {trip:g} ms; median {med:g} ms"
+        for h, trip in trips.items()
+        if trip * ratio > med and trip > med + RTT_FLOOR_MS
+    }, med
+
+
+def judge(findings: Findings, options: PreflightOptions) -> Verdict:
+    hosts = findings.hosts
+    leader = hosts[0]
+    reasons: dict[str, list[str]] = {h: [] for h in hosts}
+    for host, silent in findings.silent.items():
+        reasons[host].append(silent)
+    for host, error in findings.errors.items():
+        reasons[host].append(f"its probe failed: {error}")
+    facts = {h: f for h, f in findings.facts.items() if h in reasons}
+    for host, f in facts.items():
+        reasons[host] += _host_reasons(findings, options, f, host)
+    for more in (_group_reasons(facts, findings.groups, leader), _version_reasons(facts, leader)):
+        for host, why in more.items():
+            reasons[host] += why
+    link_named, link_median = slow_links(findings.links, options.min_ratio)
+    rtt_named, rtt_median = _latency_reasons(findings.clock, options.min_ratio)
+    gpu_named, gpu_median = _gpu_reasons(findings, options.min_ratio)
+    for named_by in (link_named, rtt_named, gpu_named):
+        for host, reason in named_by.items():
+            if host in reasons:
+                reasons[host].append(reason)
+    if not any(reasons.values()):
+        for host, late in findings.unfinished.items():
+            reasons[host].append(late)
+    named = tuple(Named(h, why[0]) for h, why in reasons.items() if why)
+    rows = tuple(_row(findings, h, reasons[h]) for h in hosts)
+    notes = tuple(sorted({f"{h}: {note}" for h, f in facts.items() for note in f.get("notes", ())}))
+    medians = {"link_mb_s": link_median, "rtt_ms": rtt_median, "gpu_busbw_gbps": gpu_median}
+    if findings.gpu_cluster is not None:
+        medians["cluster_busbw_gbps"] = findings.gpu_cluster.get("busbw_gbps")
+    return Verdict(named, rows, medians, notes, findings.seconds)
+
+
+def _row(findings: Findings, host: str, reasons: Sequence[str]) -> dict[str, Any]:
+    f = findings.facts.get(host, {})
+    into = findings.links.get(host, {})
+    out_of = [by_src[host] for by_src in findings.links.values() if host in by_src]
+    clock = findings.clock.get(host, {})
+    return {
+        "host": host,
+        "cpus": f.get("cpus"),
+        "memory_gb": f.get("memory_gb"),
+        "gpus": f.get("gpus"),
+        "shm_free_mb": f.get("shm_free_mb"),
+        "disk_free_mb": dict(f.get("disk_free_mb") or {}),
+        "link_in_mb_s": min(into.values()) if into else None,
+        "link_out_mb_s": min(out_of) if out_of else None,
+        "rtt_ms": clock.get("rtt_ms"),
+        "clock_offset_s": clock.get("offset_s"),
+        "gpu_busbw_gbps": findings.gpu.get(host, {}).get("busbw_gbps"),
+        "versions": dict(f.get("versions") or {}),
+        "efa_devices": len(f.get("efa_devices") or ()),
+        "probe_seconds": dict(findings.phases.get(host, {})),
+        "verdict": "ok" if not reasons else "NAMED",
+        "reasons": list(reasons),
+    }
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+COLUMNS = (
+    ("host", "host"),
+    ("cpus", "cpus"),
+    ("memory_gb", "mem GB"),
+    ("gpus", "gpus"),
+    ("shm_free_mb", "shm MB"),
+    ("disk", "min disk MB"),
+    ("link_in_mb_s", "in MB/s"),
+    ("link_out_mb_s", "out MB/s"),
+    ("rtt_ms", "rtt ms"),
+    ("clock_offset_s", "clock s"),
+    ("gpu_busbw_gbps", "gpu GB/s"),
+    ("verdict", "verdict"),
+)
+
+
+def table(verdict: Verdict) -> str:
+    """One row a host (links: the slowest into and out of it), the medians, then each reason."""
+    rows = []
+    for row in verdict.rows:
+        disks = [v for v in row["disk_free_mb"].values() if v is not None]
+        cells = {**row, "disk": min(disks) if disks else None}
+        rows.append([_cell(cells[key]) for key, _ in COLUMNS])
+    heads = [title for _, title in COLUMNS]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    medians = ", ".join(f"{k} {_cell(v)}" for k, v in verdict.medians.items() if v is not None)
+    if medians:
+        lines.append(f"medians: {medians}")
+    lines += [f"{n.host}: {n.reason}" for n in verdict.named]
+    lines += [f"note: {note}" for note in verdict.notes]
+    return "\n".join(lines)

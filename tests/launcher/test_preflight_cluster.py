@@ -1,0 +1,260 @@
+"""The pre-flight end to end on 4 simulated hosts: one host made wrong in one way at a time, then `train` on
+every host, under `sagemaker_preflight=warn` (the host is named, the job goes on) and `fail` (the host is
+named, the job stops with 75 before the script starts, nothing left running). Each time exactly the bad host,
+and no other, is named, in one line.
+
+The faults are real where this machine allows: a token-bucket rate limit on the host's link (tc tbf), a small
+tmpfs on its /dev/shm and on its checkpoint directory, another version's metadata bind-mounted over a
+library's on that host, its probe frozen (SIGSTOP) mid-check. GPUs cannot be: every host gets a fake driver
+tree (/proc/driver/nvidia/gpus, tmpfs) and the fake CUDA runtime and NCCL of support/fake_gpu.py."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from smhvd_sim import Cluster, ClusterSpec
+from smhvd_sim.jobs import HostResult
+from smhvd_sim.system import wait_for
+from support.cluster import TOOLS, ensure_tools
+from support.fake_gpu import build_fake_gpu
+
+pytestmark = [pytest.mark.cluster, pytest.mark.integration]
+
+HOSTS = ("algo-1", "algo-2", "algo-3", "algo-4")
+# The job: each rank leaves a mark that it ran (a job stopped by the pre-flight leaves none).
+JOB = """import os, pathlib
+out = pathlib.Path(os.environ["SM_OUTPUT_DATA_DIR"])
+out.mkdir(parents=True, exist_ok=True)
+(out / f"ran-{os.environ['OMPI_COMM_WORLD_RANK']}").write_text("ran")
+"""
+# The links of a simulated cluster share one machine's 2 cores: measured alone, a healthy link varies about 2x
+# (docs/preflight.md); a 20 Mbit/s link is 1/200 of the median. The option's default (0.5) is for real NICs.
+MIN_RATIO = 0.2
+BOUND = 30.0  # launcher_preflight_timeout_seconds (a frozen probe is named after runner.SILENCE)
+RUN_TIMEOUT = 180.0  # a hang only crosses it
+
+
+@dataclass
+class Setup:
+    cluster: Cluster
+    fake_gpu: Path
+    shared: Path  # seen by the hosts at the same path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    ensure_tools({**TOOLS, "tc": "iproute2"})
+    if not Path("/etc/ssh/ssh_host_ed25519_key").exists():
+        subprocess.run(["ssh-keygen", "-A"], check=True)
+    work = tmp_path_factory.mktemp("preflight")
+    # What the hosts must see lives outside /tmp (each host has a /tmp of its own): the fake GPU libraries, a
+    # library's metadata to bind-mount.
+    shared = Path(tempfile.mkdtemp(prefix="smhvd-preflight-test-", dir="/var/tmp"))
+    code = work / "code"
+    code.mkdir()
+    (code / "job.py").write_text(JOB)
+    cluster = Cluster(ClusterSpec(hosts=len(HOSTS), workdir=work / "cluster", code_dir=code))
+    cluster.up()
+    try:
+        yield Setup(cluster, build_fake_gpu(shared / "fake-gpu"), shared)
+    finally:
+        cluster.down()
+        shutil.rmtree(shared)
+    assert cluster.leftovers() == []
+
+
+def config(cluster: Cluster, host: str, name: str) -> Path:
+    return cluster.ml_dir(host) / "input" / "config" / name
+
+
+def run_job(setup: Setup, policy: str, env: dict[str, str] | None = None) -> dict[str, HostResult]:
+    cluster = setup.cluster
+    hyperparameters = {
+        "sagemaker_program": "job.py",
+        "sagemaker_mpi_num_of_processes_per_host": 1,
+        "sagemaker_preflight": policy,
+        "launcher_preflight_timeout_seconds": BOUND,
+        "launcher_preflight_min_ratio": MIN_RATIO,
+        "launcher_forward_env": "FAKE_*",
+    }
+    for host in HOSTS:
+        config(cluster, host, "hyperparameters.json").write_text(
+            json.dumps({key: json.dumps(value) for key, value in hyperparameters.items()})
+        )
+        for place in ("output", "checkpoints"):
+            for item in (cluster.ml_dir(host) / place).glob("**/*"):
+                if item.is_file() and not item.is_mount():
+                    item.unlink()
+    return cluster.run(["train"], env=env, timeout=RUN_TIMEOUT)
+
+
+def in_host(cluster: Cluster, host: str, *argv: str) -> None:
+    code, output = cluster.exec(host, list(argv))
+    assert code == 0, f"{host}: {' '.join(argv)}: {output}"
+
+
+# Each fault: (the bad host, what its reason says) and a context manager that makes it so while the job runs.
+Fault = Callable[[Setup], contextlib.AbstractContextManager[dict[str, str]]]
+
+
+@contextlib.contextmanager
+def slow_link(setup: Setup) -> Iterator[dict[str, str]]:
+    link = next(a.outer_link for a in setup.cluster.addresses if a.name == "algo-3")
+    tbf = ["tc", "qdisc", "add", "dev", link, "root", "tbf", "rate", "20mbit", "burst", "32kbit"]
+    subprocess.run([*tbf, "latency", "400ms"], check=True)
+    try:
+        yield {}
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", link, "root"], check=True)
+
+
+@contextlib.contextmanager
+def small_shm(setup: Setup) -> Iterator[dict[str, str]]:
+    in_host(setup.cluster, "algo-2", "mount", "-o", "remount,size=64m", "/dev/shm")
+    try:
+        yield {}
+    finally:
+        in_host(setup.cluster, "algo-2", "mount", "-o", "remount,size=50%", "/dev/shm")
+
+
+@contextlib.contextmanager
+def fewer_gpus(setup: Setup) -> Iterator[dict[str, str]]:
+    """4 GPUs on every host of an ml.g5.12xlarge cluster (which has 4), 3 on algo-4."""
+    cluster = setup.cluster
+    originals = {h: config(cluster, h, "resourceconfig.json").read_text() for h in HOSTS}
+    for host in HOSTS:
+        resources = json.loads(originals[host]) | {"current_instance_type": "ml.g5.12xlarge"}
+        for group in resources.get("instance_groups", []):
+            group["instance_type"] = "ml.g5.12xlarge"
+        config(cluster, host, "resourceconfig.json").write_text(json.dumps(resources))
+        in_host(cluster, host, "mount", "-t", "tmpfs", "tmpfs", "/proc/driver")
+        gpus = [f"/proc/driver/nvidia/gpus/0000:00:1{i}.0" for i in range(3 if host == "algo-4" else 4)]
+        in_host(cluster, host, "mkdir", "-p", *gpus)
+    try:
+        yield {"LD_LIBRARY_PATH": str(setup.fake_gpu), "FAKE_GPU_DRIVER_DIR": "/proc/driver/nvidia/gpus"}
+    finally:
+        for host in HOSTS:
+            in_host(cluster, host, "umount", "/proc/driver")
+            config(cluster, host, "resourceconfig.json").write_text(originals[host])
+
+
+@contextlib.contextmanager
+def full_checkpoints(setup: Setup) -> Iterator[dict[str, str]]:
+    cluster = setup.cluster
+    (cluster.ml_dir("algo-3") / "checkpoints").mkdir(exist_ok=True)
+    in_host(cluster, "algo-3", "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/opt/ml/checkpoints")
+    cluster.exec("algo-3", ["dd", "if=/dev/zero", "of=/opt/ml/checkpoints/fill", "bs=64k"])  # until full
+    try:
+        yield {}
+    finally:
+        in_host(cluster, "algo-3", "umount", "/opt/ml/checkpoints")
+
+
+@contextlib.contextmanager
+def other_mpi4py(setup: Setup) -> Iterator[dict[str, str]]:
+    """algo-2's mpi4py says it is another version (its metadata, bind-mounted over the installed one's)."""
+    dist = importlib.metadata.distribution("mpi4py")
+    metadata = Path(str(dist.locate_file(next(f for f in dist.files or () if f.name == "METADATA"))))
+    other = setup.shared / "METADATA-mpi4py"
+    other.write_text(metadata.read_text().replace(f"Version: {dist.version}", "Version: 0.0.1", 1))
+    in_host(setup.cluster, "algo-2", "mount", "--bind", str(other), str(metadata))
+    try:
+        yield {}
+    finally:
+        in_host(setup.cluster, "algo-2", "umount", str(metadata))
+
+
+@contextlib.contextmanager
+def frozen_probe(setup: Setup) -> Iterator[dict[str, str]]:
+    """algo-4's probe is stopped (SIGSTOP) as soon as it runs: it stops answering mid-check."""
+    host = setup.cluster.host("algo-4")
+    done = threading.Event()
+
+    def freeze() -> None:
+        def probe() -> int | None:
+            for pid in host.processes():
+                with contextlib.suppress(OSError):
+                    if b"smhvd.preflight.probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        return pid
+            return None if not done.is_set() else -1
+
+        pid = wait_for(probe, "algo-4's pre-flight probe", RUN_TIMEOUT, max_delay=0.005)
+        if pid > 0:
+            os.kill(pid, signal.SIGSTOP)
+
+    thread = threading.Thread(target=freeze, daemon=True)
+    thread.start()
+    try:
+        yield {}
+    finally:
+        done.set()
+        thread.join(5)
+
+
+FAULTS: dict[str, tuple[Fault, str, str]] = {
+    "rate-limited link": (slow_link, "algo-3", "slow network"),
+    "small /dev/shm": (small_shm, "algo-2", "/dev/shm has"),
+    "fewer GPUs": (fewer_gpus, "algo-4", "3 GPU(s) visible; ml.g5.12xlarge has 4"),
+    "full checkpoint disk": (full_checkpoints, "algo-3", "checkpoints:"),
+    "other library version": (other_mpi4py, "algo-2", "mpi4py 0.0.1; the other hosts have"),
+    "host stops answering": (frozen_probe, "algo-4", "answer"),
+}
+
+
+def summary_of(cluster: Cluster) -> dict[str, object]:
+    return json.loads((cluster.ml_dir("algo-1") / "output" / "data" / "job-summary.json").read_text())
+
+
+def marks(cluster: Cluster) -> list[str]:
+    return sorted(p.name for h in HOSTS for p in (cluster.ml_dir(h) / "output" / "data").glob("ran-*"))
+
+
+def test_a_healthy_cluster_names_no_host_and_the_job_runs(setup: Setup) -> None:
+    results = run_job(setup, "fail")
+    assert {h: r.exit_code for h, r in results.items()} == dict.fromkeys(HOSTS, 0)
+    preflight = summary_of(setup.cluster)["preflight"]
+    assert isinstance(preflight, dict)
+    assert preflight["named"] == []
+    assert sorted(preflight["hosts"]) == sorted(HOSTS)
+    assert marks(setup.cluster) == [f"ran-{r}" for r in range(len(HOSTS))]
+    log = results["algo-1"].log.read_text()
+    assert f"pre-flight: all {len(HOSTS)} host(s) fine" in log
+
+
+@pytest.mark.parametrize("policy", ["warn", "fail"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_the_bad_host_and_no_other_is_named(setup: Setup, fault: str, policy: str) -> None:
+    make, bad, says = FAULTS[fault]
+    with make(setup) as env:
+        results = run_job(setup, policy, env)
+    cluster = setup.cluster
+    preflight = summary_of(cluster)["preflight"]
+    assert isinstance(preflight, dict)
+    named = preflight["named"]
+    assert [n["host"] for n in named] == [bad], named
+    assert says in named[0]["reason"]
+    log = results["algo-1"].log.read_text()
+    verdict = [line for line in log.splitlines() if "pre-flight: 1 of 4 host(s) named" in line]
+    assert len(verdict) == 1 and f"{bad}: {named[0]['reason']}" in verdict[0]
+    if policy == "warn":
+        assert {h: r.exit_code for h, r in results.items()} == dict.fromkeys(HOSTS, 0)
+        assert marks(cluster) == [f"ran-{r}" for r in range(len(HOSTS))]
+    else:
+        assert {h: r.exit_code for h, r in results.items()} == dict.fromkeys(HOSTS, 75)
+        assert marks(cluster) == []  # the script never started
+        reason = (cluster.ml_dir("algo-1") / "output" / "failure").read_text().splitlines()[0]
+        assert reason == f"pre-flight named {bad}: {named[0]['reason']}"
+        assert {h: r.left_running for h, r in results.items()} == dict.fromkeys(HOSTS, ())
