@@ -20,3 +20,11 @@ bench-allreduce: setup cluster-iperf3 ## Horovod 64 MiB allreduce bus bandwidth 
 
 bench-scaling: setup ## MNIST images/s at np=1, np=2 and 2 simulated hosts x 1, launcher defaults
 	$(PY) benchmarks/scaling_mnist.py
+
+# What the pre-flight adds to a healthy job: off vs warn at 2..32 simulated hosts, median of 3 (root).
+#   make bench-preflight BENCH_PREFLIGHT_ARGS='--hosts 2,4 --repeats 1'
+.PHONY: bench-preflight
+BENCH_PREFLIGHT_ARGS ?=
+
+bench-preflight: setup ## the pre-flight's added cost on a healthy job, 2-32 simulated hosts, and any false alarm (~10 min)
+	$(PY) benchmarks/preflight_cost.py $(BENCH_PREFLIGHT_ARGS)

@@ -45,9 +45,10 @@ case "${1:-}" in
     echo "smoke-test: $2 stack OK"
     ;;
   launcher)
-    on_path train smhvd-train
+    on_path train smhvd-train preflight
     train --help >/dev/null
     smhvd-train --help >/dev/null
+    preflight --help >/dev/null
     echo "smoke-test: launcher OK"
     ;;
   *) echo "$usage" >&2; exit 2 ;;

@@ -167,8 +167,10 @@ def _failed(paths: SageMakerPaths, exc: LauncherError) -> int:
 
 
 def preflight(argv: list[str] | None = None) -> int:
-    """`preflight`: the same as `train preflight` (an image's command: `docker run IMAGE preflight`)."""
-    return main(["preflight", *(sys.argv[1:] if argv is None else argv)])
+    """`preflight`: the same as `train preflight` (an image's command: `docker run IMAGE preflight`, or a
+    SageMaker job's container entry point, which may be given SageMaker's own `train` after it)."""
+    args = sys.argv[1:] if argv is None else argv
+    return main(["preflight", *(args[1:] if args[:1] == ["train"] else args)])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -141,6 +142,39 @@ def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: 
     assert "fashion_mnist 60000 10000" in out, out
     # tensorpack's NCHW models train on the CPU image as they are.
     assert "nchw gradients (1, 3, 8, 8) (3, 3, 3, 4)" in out, out
+
+
+def test_preflight_on_its_own_checks_the_container_and_names_a_small_shm(
+    cpu_image: BuiltImage, engine_env: dict[str, str]
+) -> None:
+    """`docker run IMAGE preflight` on a machine (no SageMaker tree): the container's /dev/shm as the engine
+    gives it (podman: 64 MB) is too small for NCCL and is named, exit 75; with --shm-size=1g every check
+    passes."""
+    argv = ["podman", "run", "--rm", "--network", "none"]
+    small = subprocess.run(
+        [*argv, cpu_image.immutable, "preflight"],
+        env=engine_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    text = small.stdout + small.stderr
+    assert small.returncode == 75, text
+    assert "1 of 1 host(s) named" in text and "/dev/shm has 64 MB free; at least 512 MB wanted" in text, text
+    fine = subprocess.run(
+        [*argv, "--shm-size=1g", cpu_image.immutable, "preflight"],
+        env=engine_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    text = fine.stdout + fine.stderr
+    assert fine.returncode == 0, text
+    assert "pre-flight: all 1 host(s) fine" in text, text
+    # its row: host, cpus, memory, no GPU, 1024 MB of /dev/shm free
+    assert re.search(r"^\S+\s+\d+\s+[\d.]+\s+0\s+1024\s", text, re.MULTILINE), text
 
 
 def test_ssh_between_containers_of_the_image_is_key_only(

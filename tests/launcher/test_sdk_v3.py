@@ -286,6 +286,16 @@ def test_a_loaded_v3_job_is_one_job_whichever_sdk_wrote_it(tmp_path):
     )
 
 
+def test_the_preflight_policy_and_its_thresholds_come_from_v3s_hyperparameters(tmp_path):
+    """v3 jobs set the pre-flight as v2 jobs do, with the same keys in `hyperparameters`; the keys are the
+    launcher's, never the script's arguments."""
+    hps = {"epochs": "1", "sagemaker_preflight": "fail", "launcher_preflight_min_ratio": "0.3"}
+    paths = write_v3_tree(tmp_path / "ml", hosts=("algo-1",), hyperparameters=json.dumps(hps))
+    job = load_job(paths, Hardware(cpus=2, gpus=0), v3=sdk_v3.load(paths))
+    assert (job.options.preflight.policy, job.options.preflight.min_ratio) == ("fail", 0.3)
+    assert job.script_args == ("--epochs", "1")
+
+
 def test_sm_user_args_of_a_v2_job_keep_the_toolkits_rule(tmp_path):
     paths = write_v3_tree(tmp_path / "ml", hosts=("algo-1",))
     job = load_job(paths, Hardware(cpus=2, gpus=0))  # the same hyperparameters, no v3 files read

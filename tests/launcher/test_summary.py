@@ -41,6 +41,7 @@ def test_summary_counts_ranks_where_they_started_and_times_from_train_start():
         "host_exits": {"algo-1": 3, "algo-2": 3},
         "failure": "rank 2 on algo-2 exited with code 3",
         "horovod_op_share": None,
+        "preflight": None,
     }
     assert summary.render() == (
         "job summary: exit 3; 4 rank(s) on 2 host(s) (algo-1:2, algo-2:1); first rank after 3.00s; "

@@ -82,10 +82,12 @@ def gpu_findings(out: Out, mpi: tuple[Any, Any] | None, rank: int, n: int) -> No
     else:
         devices = gpu.device_count(runtime)
         found: dict[str, object] = {"devices": devices, "nccl": gpu.nccl_version(runtime)}
-        if devices >= 2:
+        if devices >= 1:  # one GPU: NCCL's own start and a copy (no bus bandwidth to compare)
             try:
                 bw = gpu.allreduce(runtime, gpu.unique_id(runtime), devices, 0, devices, GPU_BYTES, GPU_ITERS)
-                found["busbw_gbps"] = round(bw.busbw_gbps, 1)
+                found["algbw_gbps"] = round(bw.algbw_gbps, 1)
+                if devices >= 2:
+                    found["busbw_gbps"] = round(bw.busbw_gbps, 1)
             except gpu.GpuError as exc:
                 found["error"] = str(exc)
         out.say(gpu=found)

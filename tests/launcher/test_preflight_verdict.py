@@ -1,0 +1,206 @@
+"""The pre-flight's pure parts: reading nvidia-smi, /proc and the probes' lines; which links are measured;
+and the verdict: which host is named, for what, and no other (the simulated cluster runs them end to end in
+test_preflight_cluster.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from smhvd.config.launcher_options import PreflightOptions
+from smhvd.preflight import network
+from smhvd.preflight.facts import GpuHealth, driver_version, memory_gb, parse_gpu_query
+from smhvd.preflight.runner import Collected, parse_line
+from smhvd.preflight.verdict import Findings, Named, judge, slow_links, table
+from smhvd.wire import PREFLIGHT_MARK
+
+HOSTS = ("algo-1", "algo-2", "algo-3", "algo-4")
+OPTIONS = PreflightOptions()
+
+
+def facts(host: str, **changed: Any) -> dict[str, Any]:
+    """A healthy host's facts as its probe writes them."""
+    return {
+        "host": host,
+        "cpus": 96,
+        "memory_gb": 1160.0,
+        "gpus": 8,
+        "gpu_health": [],
+        "shm_free_mb": 100_000.0,
+        "disk_free_mb": {"checkpoints": 50_000.0, "model": 50_000.0, "output": 50_000.0, "tmp": 50_000.0},
+        "versions": {"python": "3.11.7", "tensorflow": "2.15.1", "horovod": "0.28.1", "mpi": "4.1.4"},
+        "efa_devices": ["rdmap16s27", "rdmap32s27", "rdmap144s27", "rdmap160s27"],
+        "notes": [],
+    } | changed
+
+
+def ring(rates: dict[tuple[str, str], float] | None = None) -> dict[str, dict[str, float]]:
+    """Every link of the 4 hosts at 1000 MB/s, but those given (src, dst) -> MB/s; by dst, then src."""
+    out: dict[str, dict[str, float]] = {h: {} for h in HOSTS}
+    for dst in HOSTS:
+        for src in HOSTS:
+            if src != dst:
+                out[dst][src] = (rates or {}).get((src, dst), 1000.0)
+    return out
+
+
+def findings(**changed: Any) -> Findings:
+    base: dict[str, Any] = {
+        "hosts": HOSTS,
+        "facts": {h: facts(h) for h in HOSTS},
+        "links": ring(),
+        "clock": {h: {"rtt_ms": 0.05, "offset_s": 0.001} for h in HOSTS[1:]},
+        "groups": dict.fromkeys(HOSTS, ("train", "ml.p4d.24xlarge")),
+    }
+    return Findings(**(base | changed))
+
+
+def named(f: Findings, options: PreflightOptions = OPTIONS) -> list[tuple[str, str]]:
+    return [(n.host, n.reason) for n in judge(f, options).named]
+
+
+def test_healthy_hosts_name_nobody_and_the_table_has_a_row_each() -> None:
+    verdict = judge(findings(seconds=1.5), OPTIONS)
+    assert verdict.named == ()
+    assert verdict.line() == "pre-flight: all 4 host(s) fine (1.5s)"
+    lines = table(verdict).splitlines()
+    assert [line.split()[0] for line in lines[1:5]] == list(HOSTS)
+    assert all(line.rstrip().endswith("ok") for line in lines[1:5])
+
+
+@pytest.mark.parametrize(
+    ("changed", "reason"),
+    [
+        ({"gpus": 7}, "7 GPU(s) visible; ml.p4d.24xlarge has 8"),
+        ({"shm_free_mb": 64.0}, "/dev/shm has 64 MB free; at least 512 MB wanted"),
+        (
+            {"disk_free_mb": {"checkpoints": 0.0, "model": 9e4, "output": 9e4, "tmp": 9e4}},
+            "checkpoints: 0 MB free; at least 1024 MB wanted",
+        ),
+        (
+            {"gpu_health": [{"index": 5, "ecc_uncorrected": 3, "retired_pending": False}]},
+            "GPU 5: 3 uncorrectable ECC error(s)",
+        ),
+        ({"efa_devices": ["rdmap16s27"]}, "1 EFA device(s); the other hosts of train have 4"),
+        ({"cpus": 48}, "48 CPUs; the other hosts of train have 96"),
+    ],
+)
+def test_one_wrong_fact_names_that_host_alone(changed: dict[str, Any], reason: str) -> None:
+    f = findings(facts={h: facts(h, **(changed if h == "algo-3" else {})) for h in HOSTS})
+    assert named(f) == [("algo-3", reason)]
+
+
+def test_a_version_unlike_the_majority_names_its_host_and_a_tie_keeps_the_leaders() -> None:
+    odd = {h: facts(h, versions={**facts(h)["versions"], "horovod": "0.28.0"}) for h in HOSTS}
+    four = findings(facts={h: odd[h] if h == "algo-2" else facts(h) for h in HOSTS})
+    assert named(four) == [("algo-2", "horovod 0.28.0; the other hosts have 0.28.1")]
+    two = findings(hosts=HOSTS[:2], facts={"algo-1": facts("algo-1"), "algo-2": odd["algo-2"]}, links={})
+    assert named(two) == [("algo-2", "horovod 0.28.0; the other hosts have 0.28.1")]
+
+
+def test_links_into_one_host_name_it_and_not_the_senders() -> None:
+    slow = {("algo-2", "algo-3"): 2.4, ("algo-4", "algo-3"): 2.3, ("algo-1", "algo-3"): 2.5}
+    f = findings(links=ring(slow))
+    assert named(f) == [
+        (
+            "algo-3",
+            "slow network: algo-1->algo-3 2.5 MB/s, algo-2->algo-3 2.4 MB/s, algo-4->algo-3 2.3 MB/s; "
+            "median link 1000 MB/s",
+        )
+    ]
+
+
+def test_one_slow_link_alone_names_the_host_that_received_it() -> None:
+    assert slow_links(ring({("algo-1", "algo-2"): 100.0}), 0.5) == (
+        {"algo-2": "slow network: link algo-1->algo-2 100 MB/s; median link 1000 MB/s"},
+        1000.0,
+    )
+
+
+def test_the_threshold_is_the_option() -> None:
+    f = findings(links=ring({("algo-1", "algo-2"): 400.0}))
+    assert [h for h, _ in named(f, PreflightOptions(min_ratio=0.5))] == ["algo-2"]
+    assert named(f, PreflightOptions(min_ratio=0.3)) == []
+
+
+def test_clock_offset_and_a_silent_host() -> None:
+    clock = {h: {"rtt_ms": 0.05, "offset_s": 9.0 if h == "algo-2" else 0.0} for h in HOSTS[1:]}
+    assert named(findings(clock=clock)) == [("algo-2", "clock +9s from the leader's; at most 5s")]
+    f = findings(
+        facts={h: facts(h) for h in HOSTS if h != "algo-4"},
+        silent={"algo-4": "stopped answering during the pre-flight: no word for 10s"},
+    )
+    assert named(f) == [("algo-4", "stopped answering during the pre-flight: no word for 10s")]
+
+
+def test_unfinished_hosts_are_named_only_when_nothing_else_explains_it() -> None:
+    late = {h: "the pre-flight did not finish within 60s" for h in HOSTS}
+    assert [h for h, _ in named(findings(unfinished=late))] == list(HOSTS)
+    slow = ring({("algo-2", "algo-3"): 1.0, ("algo-4", "algo-3"): 1.0})
+    assert [h for h, _ in named(findings(unfinished=late, links=slow))] == ["algo-3"]
+
+
+def test_gpu_bus_bandwidth_below_the_instance_types_figure() -> None:
+    gpu = {h: {"devices": 8, "busbw_gbps": 40.0 if h == "algo-4" else 228.0} for h in HOSTS}
+    assert named(findings(gpu=gpu)) == [
+        ("algo-4", "GPU all_reduce bus bandwidth 40 GB/s; ml.p4d.24xlarge reaches ~230")
+    ]
+
+
+def test_the_summary_object_has_named_and_the_per_host_figures() -> None:
+    verdict = judge(
+        findings(facts={h: facts(h, shm_free_mb=1.0 if h == "algo-2" else 9e4) for h in HOSTS}), OPTIONS
+    )
+    data = verdict.to_json()
+    assert data["named"] == [{"host": "algo-2", "reason": "/dev/shm has 1 MB free; at least 512 MB wanted"}]
+    assert sorted(data["hosts"]) == sorted(HOSTS)
+    assert data["hosts"]["algo-2"]["shm_free_mb"] == 1.0
+    assert data["hosts"]["algo-3"]["link_in_mb_s"] == 1000.0
+    assert verdict.named == (Named("algo-2", "/dev/shm has 1 MB free; at least 512 MB wanted"),)
+
+
+def test_nvidia_smi_query_and_proc_files() -> None:
+    csv = "0, NVIDIA A100-SXM4-40GB, 0, No, No, Enabled\n1, NVIDIA A100-SXM4-40GB, 2, [N/A], Yes, Disabled\n"
+    assert parse_gpu_query(csv) == (
+        GpuHealth(0, "NVIDIA A100-SXM4-40GB", 0, False, False, True),
+        GpuHealth(1, "NVIDIA A100-SXM4-40GB", 2, None, True, False),
+    )
+    version = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+    assert driver_version(version) == "550.54.15"
+    assert driver_version("") is None
+    assert memory_gb("MemTotal:       24576000 kB\nMemFree: 1 kB\n") == round(24576000 * 1024 / 1e9, 1)
+
+
+def test_rounds_cover_every_pair_on_small_clusters_and_the_ring_above() -> None:
+    for n in (2, 3, 4, 8):
+        pairs = {
+            frozenset((r, p)) for d in network.offsets(n) for r in range(n) for p in network.partners(r, n, d)
+        }
+        assert pairs == {frozenset((a, b)) for a in range(n) for b in range(a + 1, n)}
+    ring16 = {(r, p) for d in network.offsets(16) for r in range(16) for p in network.partners(r, 16, d)}
+    assert ring16 == {(r, (r + 1) % 16) for r in range(16)} | {(r, (r - 1) % 16) for r in range(16)}
+    assert network.sized(None) == network.CALIBRATION_BYTES
+    assert network.sized(1.0) == network.MIN_BYTES
+    assert network.sized(1e9) == network.MAX_BYTES
+
+
+def test_probe_lines_tagged_by_mpirun_or_alone() -> None:
+    line = f'[1,3]<stdout>:{PREFLIGHT_MARK}{{"facts":{{"cpus":2}},"t":0.4}}'.encode()
+    assert parse_line(line) == (3, {"facts": {"cpus": 2}, "t": 0.4})
+    assert parse_line(f'{PREFLIGHT_MARK}{{"done":true}}'.encode()) == (0, {"done": True})
+    assert parse_line(b"[1,0]<stdout>:anything else") is None
+    assert parse_line(f"{PREFLIGHT_MARK}not json".encode()) is None
+
+
+def test_a_rank_that_falls_silent_while_another_speaks_is_found() -> None:
+    now = [0.0]
+    collected = Collected(("algo-1", "algo-2"), clock=lambda: now[0])
+    beat = PREFLIGHT_MARK + '{"beat":true,"t":0.5}'
+    collected.feed(f"[1,0]<stdout>:{beat}\n[1,1]<stdout>:{beat}\n".encode())
+    now[0] = 6.0
+    collected.feed(f"[1,0]<stdout>:{beat}\n".encode())
+    assert collected.silent(10.0) == []
+    now[0] = 11.0
+    collected.feed(f"[1,0]<stdout>:{beat}\n".encode())
+    assert collected.silent(10.0) == [1]
