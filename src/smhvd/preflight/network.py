@@ -27,8 +27,8 @@ MIN_BYTES = 64 << 10
 MAX_BYTES = 32 << 20
 SECONDS_PER_LINK = 0.03
 POLL = 0.0005  # seconds between looks at a request a rank waits for
+PATIENT_POLL = 0.01  # ... at most, for a rank that waits while others measure
 CONFIRM_SECONDS = 0.1
-CONFIRM_TRIES = 1
 MAX_CONFIRMED = 16  # suspect links measured again alone, the slowest first
 REPEATS = 2  # the measured rounds, each link's best kept (a busy host only ever slows a link down)
 PINGS = 5
@@ -62,14 +62,18 @@ def rate(size: int, seconds: float) -> float:
     return round(size / max(seconds, 1e-9) / 1e6, 1)
 
 
-def idle_wait(request: Any) -> Any:
+def idle_wait(request: Any, longest: float = POLL) -> Any:
     """Wait for a request without spinning: MPI's blocking calls busy-poll, and on hosts with few cores (or a
-    simulated cluster on one machine) the ranks that wait would take the CPU from those still measuring."""
+    simulated cluster on one machine) the ranks that wait would take the CPU from those still measuring.
+    Looks every POLL seconds, then (a rank waiting out others' turns) twice as long each time up to
+    `longest`: fifteen ranks looking every 0.5 ms cost a 2-core machine as much as the link they wait on."""
+    delay = POLL
     while True:
         done, value = request.test()
         if done:
             return value
-        time.sleep(POLL)
+        time.sleep(delay)
+        delay = min(delay * 2, longest)
 
 
 def exchange(
@@ -134,23 +138,34 @@ def _same(size: int, _link: Link) -> int:
 
 
 def confirm(comm: Any, mpi: Any, rank: int, best: dict[int, float], ratio: float) -> dict[int, float]:
-    """Measure each suspect link again alone, CONFIRM_TRIES times over CONFIRM_SECONDS each, every other rank
-    idle: measured together, links share the hosts' CPUs (on a simulated cluster, one machine's), and a short
-    window is at the mercy of one descheduling, so a link can look slow that is not. A link slow alone too is
-    slow. Every rank computes the same suspects from the allgathered figures."""
+    """Measure each suspect link again alone, over CONFIRM_SECONDS, every other rank idle, and beside it,
+    once, the link at the median, alone too: measured together, links share the hosts' CPUs (on a simulated
+    cluster, one machine's) and a short window is at the mercy of one descheduling, so a link can look slow
+    that is not. A suspect's figure becomes the better of what it had and its alone figure scaled by
+    median / the median link's alone figure: like is compared with like, and a link slow alone too stays
+    slow. Every rank computes the same suspects and reference from the allgathered figures."""
     every = {
         (src, dst): mb_s for dst, rates in enumerate(comm.allgather(best)) for src, mb_s in rates.items()
     }
+    slow = suspects(every, ratio)
+    med = median(every.values())
+    if not slow or med is None:
+        return best
+    reference = min((abs(mb_s - med), link) for link, mb_s in every.items() if link not in slow)[1]
     confirmed = dict(best)
-    for src, dst in suspects(every, ratio):
-        alone = functools.partial(_same, sized(every[(src, dst)], CONFIRM_SECONDS))
-        for _ in range(CONFIRM_TRIES):
-            if rank in (src, dst):
-                took = exchange(comm, mpi, rank, [dst if rank == src else src], alone)
-                if rank == dst:
-                    confirmed[src] = max(confirmed[src], *took.values())
-            else:
-                idle_wait(comm.Ibarrier())
+    alone: dict[Link, float] = {}
+    for src, dst in [reference, *slow]:
+        size = functools.partial(_same, sized(every[(src, dst)], CONFIRM_SECONDS))
+        if rank in (src, dst):
+            took = exchange(comm, mpi, rank, [dst if rank == src else src], size)
+            if rank == dst:
+                alone[(src, dst)] = took[src]
+        else:
+            idle_wait(comm.Ibarrier(), PATIENT_POLL)
+    reference_alone = comm.bcast(alone.get(reference), root=reference[1])
+    for (src, dst), mb_s in alone.items():
+        if (src, dst) != reference and reference_alone:
+            confirmed[src] = max(confirmed[src], round(mb_s * med / reference_alone, 1))
     return confirmed
 
 
@@ -172,7 +187,7 @@ def clock_and_latency(comm: Any, rank: int, n: int) -> dict[int, tuple[float, fl
             trip, offset = min(samples)
             found[other] = (round(trip * 1e3, 3), round(offset, 4))
     else:
-        idle_wait(comm.irecv(source=0, tag=TAG))
+        idle_wait(comm.irecv(source=0, tag=TAG), PATIENT_POLL)
         comm.send(None, dest=0, tag=TAG)
         for _ in range(PINGS):
             comm.recv(source=0, tag=TAG)

@@ -129,7 +129,7 @@ def run(spec: Mapping[str, Any], out: Out) -> None:
         clock = network.clock_and_latency(comm, rank, n)
         if rank == 0:
             out.say(clock={hosts[r]: {"rtt_ms": rtt, "offset_s": off} for r, (rtt, off) in clock.items()})
-        network.idle_wait(comm.Ibarrier())  # none spins in MPI_Finalize while the leader still measures
+        network.idle_wait(comm.Ibarrier(), network.PATIENT_POLL)  # none spins in MPI_Finalize meanwhile
     if spec.get("gpus"):
         gpu_findings(out, None if isinstance(mpi, str) else mpi, rank, len(hosts))
     out.say(done=True)

@@ -134,7 +134,7 @@ def run_leader(
         if job.multi_host:
             port = ssh_port(os.environ)
             ssh_config = run_dir / "ssh_config"  # the links' and (several MPI hosts) orted's
-            ssh_config.write_text(render_ssh_config(port))
+            ssh_config.write_text(render_ssh_config(port, control_dir=run_dir))
             log.info(
                 "waiting for workers %s (up to %gs)",
                 ", ".join(job.peers),

