@@ -10,7 +10,6 @@ import csv
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import train_mnist
 from mnist_helpers import MEASURE, RUN_TIMEOUT, SCRIPT_DIR, Job, mpirun_argv, run_script
 
 from smhvd_dev.mltree import write_ml_tree
+from support.ci import need_root
 
 pytestmark = pytest.mark.integration
 
@@ -125,21 +125,46 @@ def wait_for_checkpoint(directory: Path, process: subprocess.Popen[str], deadlin
     pytest.fail(f"no checkpoint in {directory} after {deadline_seconds} s")
 
 
+def pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def kill_whole_job(unshare: subprocess.Popen[str]) -> None:
+    """Kill every process of a job run in a PID namespace of its own, as a spot interruption ends every
+    process of a host (mpirun's ranks are in process groups of their own: killing mpirun's group leaves them
+    training and writing checkpoints), then wait until none is left (bounded)."""
+    children = Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children").read_text().split()
+    namespace = pid_namespace(int(children[0])) if children else None
+    unshare.kill()  # --kill-child: its child, the namespace's init, is killed, and with it the namespace
+    unshare.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while namespace is not None and any(
+        pid_namespace(int(p)) == namespace for p in os.listdir("/proc") if p.isdigit()
+    ):
+        assert time.monotonic() < deadline, "the killed job's processes are still running after 60 s"
+        time.sleep(0.05)
+
+
 def test_killed_after_an_epoch_it_resumes_from_the_checkpoint(job: Job) -> None:
+    need_root("a PID namespace holds the whole job, to kill all of it as a spot interruption does")
     epochs = 4
     first = subprocess.Popen(
-        mpirun_argv(2, job_args(job, "--epochs", str(epochs), "--steps-per-epoch", "150")),
+        [
+            "unshare", "--pid", "--fork", "--kill-child", "--",
+            *mpirun_argv(2, job_args(job, "--epochs", str(epochs), "--steps-per-epoch", "150")),
+        ],
         env=job.env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,
-    )
+    )  # fmt: skip
     try:
         wait_for_checkpoint(job.checkpoint_dir, first, deadline_seconds=RUN_TIMEOUT)
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the whole job at once, as a spot interruption does
-        first.communicate(timeout=60)
+        kill_whole_job(first)
     killed_at = latest_epoch(job.checkpoint_dir)
     assert killed_at is not None
     assert 1 <= killed_at < epochs, "the job finished before it could be killed: make epochs longer"
