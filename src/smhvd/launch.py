@@ -12,6 +12,7 @@ from pathlib import Path
 
 from smhvd.config import sdk_v3
 from smhvd.config.job import Job, load_job
+from smhvd.config.launcher_options import refuse_output_env
 from smhvd.config.paths import SageMakerPaths
 from smhvd.environment import training_env
 from smhvd.mpi import efa
@@ -112,6 +113,7 @@ def launch(
         os.execve(argv[0], argv, env)  # noqa: S606 (v3's own command)
     job = load_job(paths, v3=v3)  # from here on, one job whichever SDK wrote the files
     hostenv.fetch_timeout(os.environ)  # the ranks' wait for their environment: a bad value is 78 here
+    refuse_output_env(os.environ)  # OMPI_MCA_orte_xml_output=1 is --xml: 78, as in custom_mpi_options
     if job_log_level is not None and job.options.program.log_level is not None:
         job_log_level(job.options.program.log_level)  # the SDK's container_log_level (logging.DEBUG=10, ...)
     log.debug(

@@ -111,15 +111,24 @@ def test_links_into_one_host_name_it_and_not_the_senders() -> None:
     ]
 
 
-def test_one_slow_link_alone_names_the_host_that_received_it() -> None:
-    assert slow_links(ring({("algo-1", "algo-2"): 100.0}), 0.5) == (
-        {"algo-2": "slow network: link algo-1->algo-2 100 MB/s; median link 1000 MB/s"},
+def test_one_slow_path_names_neither_host_and_is_a_note() -> None:
+    one_way = ring({("algo-1", "algo-2"): 100.0})
+    assert slow_links(one_way, 0.5) == (
+        {},
+        ["slow link algo-1->algo-2 100 MB/s, median link 1000 MB/s (one path: neither host named)"],
         1000.0,
+    )
+    both_ways = ring({("algo-1", "algo-2"): 100.0, ("algo-2", "algo-1"): 90.0})
+    assert slow_links(both_ways, 0.5)[0] == {}
+    verdict = judge(findings(links=one_way), OPTIONS)
+    assert verdict.named == ()
+    assert verdict.notes == (
+        "slow link algo-1->algo-2 100 MB/s, median link 1000 MB/s (one path: neither host named)",
     )
 
 
 def test_the_threshold_is_the_option() -> None:
-    f = findings(links=ring({("algo-1", "algo-2"): 400.0}))
+    f = findings(links=ring({("algo-1", "algo-2"): 400.0, ("algo-3", "algo-2"): 400.0}))
     assert [h for h, _ in named(f, PreflightOptions(min_ratio=0.5))] == ["algo-2"]
     assert named(f, PreflightOptions(min_ratio=0.3)) == []
 

@@ -481,6 +481,16 @@ LONG = "a" * 300 + ".py"
             {"mpi_additional_options": ["-x", "A=" + "x" * 200_000]},
             "distributed.json: mpi_additional_options: expected mpirun arguments of at most 65536 bytes",
         ),
+        (
+            {},
+            {"mpi_additional_options": ["-x", "A=1", "--xml"]},
+            "distributed.json: mpi_additional_options: expected no option that changes how mpirun writes",
+        ),
+        (
+            {},
+            {"mpi_additional_options": ["--mca", "orte_timestamp_output", "1"]},
+            "distributed.json: mpi_additional_options: expected no option that changes how mpirun writes",
+        ),
     ],
     ids=[
         "np-100000",
@@ -493,6 +503,8 @@ LONG = "a" * 300 + ".py"
         "long-tarball-name",
         "nul-mpi-option",
         "mpi-options-of-200-KB",
+        "xml-output",
+        "timestamp-output-mca",
     ],
 )
 def test_v3_values_are_bounded_and_errors_name_the_v3_file_and_key(
@@ -507,6 +519,19 @@ def test_v3_values_are_bounded_and_errors_name_the_v3_file_and_key(
     line, failure = refused_by_train(paths)
     assert message in line, line
     assert failure.startswith(str(paths.channel_dir("sm_drivers")))  # the full path of the v3 file
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "name", ["OMPI_MCA_orte_xml_output", "OMPI_MCA_iof_base_redirect_app_stderr_to_stdout"]
+)
+def test_an_output_format_switched_from_the_environment_is_refused_as_the_option_is(tmp_path, name):
+    """OMPI_MCA_orte_xml_output=1 in the job's environment is --xml: refused (78) naming the variable, as the
+    options are from either SDK, not a job whose every rank line lands on stderr as raw XML."""
+    paths = write_v3_tree(tmp_path / "ml", distributed=DISTRIBUTED_NONE_JSON, hosts=("algo-1",))
+    line, failure = refused_by_train(paths, {name: "1"})
+    assert f"environment: {name}: expected no option that changes how mpirun writes" in line, line
+    assert failure.startswith(f"environment: {name}: ")
 
 
 @pytest.mark.integration

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -365,7 +365,7 @@ def split_mpi_options(text: object, key: str = "sagemaker_mpi_custom_mpi_options
         tokens = shlex.split(text)
     except ValueError as exc:
         raise ConfigError(SOURCE, key, f"options quoted as in a shell ({exc})", text) from None
-    _refuse_output_options(tokens, key)
+    refuse_output_options(tokens, SOURCE, key)
     return _toolkit_nccl_debug(tokens, key)
 
 
@@ -385,16 +385,30 @@ OUTPUT_OPTIONS = frozenset(
 )
 
 
-def _refuse_output_options(tokens: list[str], key: str) -> None:
+OUTPUT_REFUSED = (
+    "no option that changes how mpirun writes the ranks' output (the launcher reads it; "
+    "launcher_tag_output=false gives untagged lines)"
+)
+MCA_ENV_PREFIX = "OMPI_MCA_"  # Open MPI reads MCA parameter KEY from the variable OMPI_MCA_KEY
+
+
+def refuse_output_options(tokens: Sequence[str], source: str, key: str) -> None:
+    """ConfigError naming `source` and `key` when mpirun options from it (v2's custom options, v3's
+    mpi_additional_options) change how mpirun writes the ranks' output. Pure."""
     refused = sorted(user_names(tokens) & OUTPUT_OPTIONS)
     if refused:
-        raise ConfigError(
-            SOURCE,
-            key,
-            "no option that changes how mpirun writes the ranks' output (the launcher reads it; "
-            "launcher_tag_output=false gives untagged lines)",
-            refused[0],
-        )
+        raise ConfigError(source, key, OUTPUT_REFUSED, refused[0])
+
+
+def refuse_output_env(env: Mapping[str, str]) -> None:
+    """The same for the MCA parameters the job's environment sets (OMPI_MCA_orte_xml_output=1 is --xml)."""
+    refused = sorted(
+        name
+        for name in env
+        if name.startswith(MCA_ENV_PREFIX) and name[len(MCA_ENV_PREFIX) :] in OUTPUT_OPTIONS
+    )
+    if refused:
+        raise ConfigError("environment", refused[0], OUTPUT_REFUSED, env[refused[0]])
 
 
 TOOLKIT_NCCL_DEBUG = "--NCCL_DEBUG"  # the sagemaker-training toolkit's own option, not mpirun's

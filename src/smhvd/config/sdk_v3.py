@@ -32,7 +32,12 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from smhvd.config.hyperparameters import MAX_TOTAL_BYTES, carriable, option_args
-from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, CodeOrigin, LauncherOptions
+from smhvd.config.launcher_options import (
+    MAX_PROCESSES_PER_HOST,
+    CodeOrigin,
+    LauncherOptions,
+    refuse_output_options,
+)
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import check_path, optional_str, read_json
 from smhvd.errors import ConfigError
@@ -140,6 +145,7 @@ def parse_distributed(data: object, source: str = DISTRIBUTED_JSON) -> Distribut
             raise ConfigError(
                 source, f"mpi_additional_options[{i}]", "an argument without NUL or lone surrogates", option
             )
+    refuse_output_options(options, source, "mpi_additional_options")
     size = sum(len(option.encode()) + 1 for option in options)
     if size > MAX_TOTAL_BYTES:  # what the hyperparameters (and so v2's custom options) may hold in all
         raise ConfigError(

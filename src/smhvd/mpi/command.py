@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from smhvd.config.launcher_options import MCA_ENV_PREFIX
 from smhvd.config.mpi_defaults import MPI_DEFAULTS, user_names
 
 if TYPE_CHECKING:
@@ -69,7 +70,6 @@ AWS_CREDENTIAL_NAMES = (
     "AWS_PROFILE",
     "AWS_SHARED_CREDENTIALS_FILE",
 )
-_MCA_ENV_PREFIX = "OMPI_MCA_"
 
 # For each default, the names (mpirun options without dashes, MCA keys) whose presence among the user's own
 # options replaces it. Each set holds the default's own name, the MCA parameter behind the same option, and
@@ -147,7 +147,7 @@ def default_names() -> frozenset[str]:
 
 def env_mca_keys(env: Mapping[str, str]) -> frozenset[str]:
     """MCA keys set through the environment (OMPI_MCA_btl_tcp_if_exclude=lo sets btl_tcp_if_exclude)."""
-    return frozenset(k[len(_MCA_ENV_PREFIX) :] for k in env if k.startswith(_MCA_ENV_PREFIX))
+    return frozenset(k[len(MCA_ENV_PREFIX) :] for k in env if k.startswith(MCA_ENV_PREFIX))
 
 
 def overridden_names(custom: Sequence[str], env_mca: frozenset[str] = frozenset()) -> set[str]:

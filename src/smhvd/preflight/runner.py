@@ -58,7 +58,7 @@ def probe_argv(plan: MpiPlan, hosts: Sequence[str], run_dir: Path) -> list[str]:
         workdir=Path("/"),
         program=tuple(probe_program()),
         forward=tuple(sorted({*plan.forward, PREFLIGHT_SPEC})),
-        yield_when_idle=True,  # one probe a host, but a busy-polling wait must not starve its beats
+        yield_when_idle=True,  # one probe a host; where hosts share cores, a wait must not hold one
     )
     return build_mpirun_argv(probe)
 

@@ -100,29 +100,36 @@ def _odd_ones(values: Mapping[str, object], reference: str, say: str) -> dict[st
     return {h: say.format(value=v, usual=usual) for h, v in values.items() if v != usual}
 
 
-def slow_links(links: Mapping[str, Mapping[str, float]], ratio: float) -> tuple[dict[str, str], float | None]:
-    """Hosts to name for links below ratio x the median, and the median. A host at the end of two or more slow
-    links is named (most slow links first, each link explained once); a slow link left over names the host
-    that received it."""
+def slow_links(
+    links: Mapping[str, Mapping[str, float]], ratio: float
+) -> tuple[dict[str, str], list[str], float | None]:
+    """Hosts to name for links below ratio x the median, notes for the slow links no host explains, and the
+    median. A host whose slow links reach two or more other hosts is named for them (the most partners first,
+    each link explained once): its NIC, its link or its CPU is what they share. A slow link left over, or
+    both directions between two hosts, is a path between them that names neither: a note."""
     every = {(src, dst): mb for dst, by_src in links.items() for src, mb in by_src.items()}
     med = _median(list(every.values()))
     if med is None:
-        return {}, None
-    slow = {link: mb for link, mb in every.items() if mb < ratio * med}
+        return {}, [], None
+    left = {link: mb for link, mb in every.items() if mb < ratio * med}
     named: dict[str, str] = {}
-    left = dict(slow)
     while left:
-        touching = Counter(host for link in left for host in link)
-        host, count = max(sorted(touching.items()), key=lambda item: item[1])
-        if count < 2:
+        partners: dict[str, set[str]] = {}
+        for src, dst in left:
+            partners.setdefault(src, set()).add(dst)
+            partners.setdefault(dst, set()).add(src)
+        host, others = max(sorted(partners.items()), key=lambda item: len(item[1]))
+        if len(others) < 2:
             break
         mine = sorted((link, mb) for link, mb in left.items() if host in link)
         shown = ", ".join(f"{src}->{dst} {mb:g} MB/s" for (src, dst), mb in mine)
         named[host] = f"slow network: {shown}; median link {med:g} MB/s"
         left = {link: mb for link, mb in left.items() if host not in link}
-    for (src, dst), mb in sorted(left.items()):
-        named.setdefault(dst, f"slow network: link {src}->{dst} {mb:g} MB/s; median link {med:g} MB/s")
-    return named, med
+    notes = [
+        f"slow link {src}->{dst} {mb:g} MB/s, median link {med:g} MB/s (one path: neither host named)"
+        for (src, dst), mb in sorted(left.items())
+    ]
+    return named, notes, med
 
 
 def _gpu_reasons(findings: Findings, ratio: float) -> tuple[dict[str, str], float | None]:
@@ -234,7 +241,7 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
     for more in (_group_reasons(facts, findings.groups, leader), _version_reasons(facts, leader)):
         for host, why in more.items():
             reasons[host] += why
-    link_named, link_median = slow_links(findings.links, options.min_ratio)
+    link_named, link_notes, link_median = slow_links(findings.links, options.min_ratio)
     rtt_named, rtt_median = _latency_reasons(findings.clock, options.min_ratio)
     gpu_named, gpu_median = _gpu_reasons(findings, options.min_ratio)
     for named_by in (link_named, rtt_named, gpu_named):
@@ -246,7 +253,9 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
             reasons[host].append(late)
     named = tuple(Named(h, why[0]) for h, why in reasons.items() if why)
     rows = tuple(_row(findings, h, reasons[h]) for h in hosts)
-    notes = tuple(sorted({f"{h}: {note}" for h, f in facts.items() for note in f.get("notes", ())}))
+    notes = tuple(sorted({f"{h}: {note}" for h, f in facts.items() for note in f.get("notes", ())})) + tuple(
+        link_notes
+    )
     medians = {"link_mb_s": link_median, "rtt_ms": rtt_median, "gpu_busbw_gbps": gpu_median}
     if findings.gpu_cluster is not None:
         medians["cluster_busbw_gbps"] = findings.gpu_cluster.get("busbw_gbps")

@@ -72,7 +72,7 @@ def render_ssh_config(port: int, connect_timeout: int = 5, control_dir: Path | N
     `control_dir`: the leader's private run directory. The link to each worker is opened first and becomes the
     master of the ssh connection to it (ControlMaster); every later ssh to that worker (mpirun's orted, for
     the pre-flight and for the job, the stack dumps) is a session over that connection, without a key
-    exchange and authentication of its own: on 16 simulated hosts `mpirun true` takes 0.55 s instead of 2.2."""
+    exchange and authentication of its own: on 16 simulated hosts `mpirun true` takes 0.55 s, not 2.2."""
     lines = [
         "Host *",
         f"  Port {port}",
