@@ -150,28 +150,17 @@ def test_preflight_on_its_own_checks_the_container_and_names_a_small_shm(
     """`docker run IMAGE preflight` on a machine (no SageMaker tree): the container's /dev/shm as the engine
     gives it (podman: 64 MB) is too small for NCCL and is named, exit 75; with --shm-size=1g every check
     passes."""
-    argv = ["podman", "run", "--rm", "--network", "none"]
-    small = subprocess.run(
-        [*argv, cpu_image.immutable, "preflight"],
-        env=engine_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    text = small.stdout + small.stderr
-    assert small.returncode == 75, text
+
+    def preflight(*options: str) -> tuple[int, str]:
+        argv = ["podman", "run", "--rm", "--network", "none", *options, cpu_image.immutable, "preflight"]
+        proc = subprocess.run(argv, env=engine_env, capture_output=True, text=True, timeout=120, check=False)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    code, text = preflight()
+    assert code == 75, text
     assert "1 of 1 host(s) named" in text and "/dev/shm has 64 MB free; at least 512 MB wanted" in text, text
-    fine = subprocess.run(
-        [*argv, "--shm-size=1g", cpu_image.immutable, "preflight"],
-        env=engine_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    text = fine.stdout + fine.stderr
-    assert fine.returncode == 0, text
+    code, text = preflight("--shm-size=1g")
+    assert code == 0, text
     assert "pre-flight: all 1 host(s) fine" in text, text
     # its row: host, cpus, memory, no GPU, 1024 MB of /dev/shm free
     assert re.search(r"^\S+\s+\d+\s+[\d.]+\s+0\s+1024\s", text, re.MULTILINE), text
