@@ -127,7 +127,7 @@ def wait_for_checkpoint(directory: Path, process: subprocess.Popen[str], deadlin
 
 def pid_namespace(pid: int) -> str | None:
     try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
+        return str(Path(f"/proc/{pid}/ns/pid").readlink())
     except OSError:
         return None
 
