@@ -151,12 +151,15 @@ def kill_whole_job(unshare: subprocess.Popen[str]) -> None:
 def test_killed_after_an_epoch_it_resumes_from_the_checkpoint(job: Job) -> None:
     need_root("a PID namespace holds the whole job, to kill all of it as a spot interruption does")
     epochs = 4
+    # Its own TMPDIR: the killed mpirun (PID 1 in its namespace) leaves its session directory (pid.1) there.
+    tmp = job.root / "tmp"
+    tmp.mkdir(parents=True)
     first = subprocess.Popen(
         [
             "unshare", "--pid", "--fork", "--kill-child", "--",
             *mpirun_argv(2, job_args(job, "--epochs", str(epochs), "--steps-per-epoch", "150")),
         ],
-        env=job.env(),
+        env=job.env({"TMPDIR": str(tmp)}),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
