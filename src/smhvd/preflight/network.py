@@ -195,6 +195,7 @@ def clock_and_latency(comm: Any, rank: int, n: int) -> dict[int, tuple[float, fl
     return found
 
 
-def median(values: Iterable[float]) -> float | None:
+def median(values: Iterable[float | None]) -> float | None:
+    """The median of the values that are known; None when none is. Pure."""
     data = [v for v in values if v is not None]
     return statistics.median(data) if data else None

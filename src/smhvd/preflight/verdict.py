@@ -9,7 +9,6 @@ leader's value breaking a tie). Each named host gets one reason: the first rule 
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 
 from smhvd.config.instance_types import EXPECTED_BUSBW_GBPS, gpu_count
 from smhvd.config.launcher_options import PreflightOptions
+from smhvd.preflight.network import median
 
 Facts = Mapping[str, Any]  # one host's facts as its probe wrote them (facts.HostFacts as JSON)
 RTT_FLOOR_MS = (
@@ -80,11 +80,6 @@ class Verdict:
         }
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    data = [v for v in values if v is not None]
-    return statistics.median(data) if data else None
-
-
 def _majority(values: Mapping[str, object], reference: str) -> object:
     """The most common value; on a tie, the reference host's."""
     counts = Counter(values.values()).most_common()
@@ -108,7 +103,7 @@ def slow_links(
     each link explained once): its NIC, its link or its CPU is what they share. A slow link left over, or
     both directions between two hosts, is a path between them that names neither: a note."""
     every = {(src, dst): mb for dst, by_src in links.items() for src, mb in by_src.items()}
-    med = _median(list(every.values()))
+    med = median(list(every.values()))
     if med is None:
         return {}, [], None
     left = {link: mb for link, mb in every.items() if mb < ratio * med}
@@ -137,7 +132,7 @@ def _gpu_reasons(findings: Findings, ratio: float) -> tuple[dict[str, str], floa
     busbw: dict[str, float] = {
         h: float(g["busbw_gbps"]) for h, g in findings.gpu.items() if g.get("busbw_gbps") is not None
     }
-    med = _median(list(busbw.values()))
+    med = median(list(busbw.values()))
     for host, value in busbw.items():
         instance_type = findings.groups.get(host, ("", None))[1]
         expected = EXPECTED_BUSBW_GBPS.get(instance_type or "")
@@ -217,7 +212,7 @@ def _latency_reasons(
 ) -> tuple[dict[str, str], float | None]:
     """Hosts whose round trip from the leader is above median / ratio (and RTT_FLOOR_MS above the median)."""
     trips = {h: c["rtt_ms"] for h, c in clock.items() if c.get("rtt_ms") is not None}
-    med = _median(list(trips.values()))
+    med = median(list(trips.values()))
     if med is None or len(trips) < 3:
         return {}, med
     return {
