@@ -142,7 +142,7 @@ def launch(
             with step(f"pip install -r {requirements}"):
                 if install_requirements(source.code_dir, name=requirements, named_by=named_by):
                     log.info("installed %s", source.code_dir / requirements)
-        program = program_command(entry) + list(job.script_args)
+        program = program_command(entry, source.code_dir) + list(job.script_args)
         module_dir = job.options.program.submit_directory or str(source.code_dir)
         env = rank_env(job, os.environ, training_env(job, source.code_dir, source.program, module_dir))
         if job.options.mpi.enabled:

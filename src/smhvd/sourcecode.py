@@ -132,11 +132,16 @@ def program_path(source: Source) -> Path:
     return path
 
 
-def program_command(path: Path, python: str = sys.executable) -> list[str]:
-    """How to run the entry point: Python scripts with this interpreter under smhvd.runscript (a failing
-    script ends its rank at once instead of hanging in MPI's finalisation), shell scripts with bash."""
+# Run by its path (runscript/run.py says why); a file of the installed package, never of the user's code.
+SCRIPT_RUNNER = Path(__file__).resolve().parent / "runscript" / "run.py"
+
+
+def program_command(path: Path, code_dir: Path, python: str = sys.executable) -> list[str]:
+    """How to run the entry point, from the code directory: Python scripts with this interpreter under the
+    script runner (a failing script ends its rank at once instead of hanging in MPI's finalisation), named as
+    the user named them (`train.py`, as `python train.py` sees it), shell scripts with bash."""
     if path.suffix == ".py":
-        return [python, "-P", "-m", "smhvd.runscript", str(path)]  # -P: see runscript.py
+        return [python, str(SCRIPT_RUNNER), os.path.relpath(path, code_dir)]
     if path.suffix == ".sh":
         return ["/bin/bash", str(path)]
     if os.access(path, os.X_OK):

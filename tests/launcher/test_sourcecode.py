@@ -7,7 +7,14 @@ import pytest
 from smhvd.config.launcher_options import ProgramOptions
 from smhvd.config.paths import SageMakerPaths
 from smhvd.errors import ConfigError, SourceError
-from smhvd.sourcecode import extract_archive, fetch_source, program_command, program_path, resolve_source
+from smhvd.sourcecode import (
+    SCRIPT_RUNNER,
+    extract_archive,
+    fetch_source,
+    program_command,
+    program_path,
+    resolve_source,
+)
 
 
 def settings(program="train.py", submit=None):
@@ -61,12 +68,10 @@ def test_archive_is_unpacked_and_program_checked(tmp_path):
     source = resolve_source(settings(program="pkg/train.py", submit=str(archive)), paths, {})
     fetch_source(source, None)
     assert program_path(source) == paths.code_dir / "pkg" / "train.py"
-    assert program_command(paths.code_dir / "pkg" / "train.py", "/py") == [
+    assert program_command(paths.code_dir / "pkg" / "train.py", paths.code_dir, "/py") == [
         "/py",
-        "-P",
-        "-m",
-        "smhvd.runscript",
-        str(paths.code_dir / "pkg/train.py"),
+        str(SCRIPT_RUNNER),
+        "pkg/train.py",  # as the user named it: the rank runs in the code directory
     ]
     missing = resolve_source(settings(program="nope.py", submit=str(archive)), paths, {})
     with pytest.raises(ConfigError, match=r"sagemaker_program: expected a file in .*/code, got 'nope.py'"):

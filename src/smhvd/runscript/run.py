@@ -1,0 +1,174 @@
+"""`python .../smhvd/runscript/run.py SCRIPT ARGS`: run a Python training script as `python SCRIPT ARGS` does,
+except that a script that fails ends its process at once.
+
+Why: a rank whose script raises (or calls sys.exit(3)) after MPI is initialised would, as a plain `python`
+process, run its exit handlers next, and mpi4py's MPI_Finalize or Horovod's shutdown then wait for the other
+ranks, which wait in a collective for this one: the job hangs until SageMaker's max_run. Here the traceback
+is printed (through sys.excepthook, as Python would), the standard streams are flushed, and the process exits
+with the script's code without running exit handlers, so the rank wrapper sees the failure and mpirun ends
+the job on every host within seconds. `python -m mpi4py` does this with MPI_Abort; this works for any
+framework.
+
+A script that ends normally, or with sys.exit(0) (or sys.exit(False)), exits as usual (exit handlers,
+MPI_Finalize). A KeyboardInterrupt prints its traceback and ends the process by SIGINT, as Python does, so a
+stop request stays a stop. A sys.excepthook that itself raises or exits is reported as Python reports it (its
+error, then the original), and the process ends at once all the same.
+
+Everything else is what `python SCRIPT ARGS` gives the script, and tests/launcher/test_runscript.py compares
+each with plain python: the script's module *is* `sys.modules['__main__']` for the whole life of the process
+(an exit handler that pickles an instance of the script's class works), with the same globals (`__package__`
+None, `__builtins__` the module, `__file__`, `__loader__`, `__spec__`), `sys.argv` as given (the launcher runs
+`train.py` from the code directory, as SageMaker's toolkit does), the script's real directory first on
+sys.path, the same interpreter flags (no `-P` that multiprocessing would pass on), and the same modules
+already loaded. That is why this file is run by its path, not with `-m`, and imports only what the interpreter
+has loaded at start (or forgets it again): while it starts, its own folder (nothing but this file) is first
+on sys.path, not the code directory, so a `typing.py`, `signal.py` or `pkgutil.py` of the user's shadows
+nothing here, and from the script's start on it is imported by the script as under `python SCRIPT`.
+"""
+
+# No `from __future__ import annotations`: it imports __future__ before the note below (hence the quoted
+# annotations).
+import sys
+
+_LOADED_BEFORE = frozenset(sys.modules)  # what the interpreter had loaded before this module's own imports
+
+import builtins  # noqa: E402  (after the note of what was loaded before)
+import io  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+from importlib.machinery import SourceFileLoader  # noqa: E402
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import CodeType, ModuleType, TracebackType
+
+USAGE = 64
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:  # noqa: SIM105  (not contextlib: only what the interpreter had loaded is imported here)
+            stream.flush()
+        except Exception:  # noqa: S110  (a closed or broken stream: nothing more can be said)
+            pass
+
+
+def _exit_now(status: int) -> None:
+    _flush()
+    os._exit(status)
+
+
+def sys_exit_status(code: object) -> int | None:
+    """The process status `sys.exit(code)` gives; None for a clean exit (0, False, None). Pure."""
+    if code is None:
+        return None
+    if isinstance(code, int):  # bool included: sys.exit(not ok)
+        return (code & 0xFF) or None
+    return 1  # sys.exit("message") prints the message and exits 1
+
+
+def script_frames(tb: "TracebackType | None", script: str) -> "TracebackType | None":
+    """The traceback from the script's own first frame on (this module's left out, as `python SCRIPT` shows
+    it); None when the script never ran (a syntax error: the error alone)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    return tb
+
+
+def _print_exception(failure: BaseException) -> None:
+    """As Python prints an uncaught exception itself (its own hook, which imports nothing)."""
+    sys.__excepthook__(type(failure), failure, failure.__traceback__)
+
+
+def report(failure: BaseException, script: str) -> int | None:
+    """Print an uncaught exception as Python does, through sys.excepthook; when the hook itself raises, its
+    error and then the original. The status a hook's sys.exit asked for, else None."""
+    trimmed = script_frames(failure.__traceback__, script)
+    failure = failure.with_traceback(trimmed)
+    try:
+        sys.excepthook(type(failure), failure, trimmed)
+    except SystemExit as stop:
+        _print_exception(failure)  # the hook exited without a word: the cause
+        return sys_exit_status(stop.code) or 1
+    except BaseException as broken:
+        print("Error in sys.excepthook:", file=sys.stderr)
+        _print_exception(broken)
+        print("\nOriginal exception was:", file=sys.stderr)
+        _print_exception(failure)
+    return None
+
+
+def forget_own_imports(loaded_before: frozenset[str] = _LOADED_BEFORE) -> None:
+    """Take the modules this one imported out of sys.modules (it keeps its references): the script imports
+    its own (a `signal.py` beside it) as it would under `python SCRIPT`."""
+    for name in set(sys.modules) - loaded_before - {"__main__"}:
+        del sys.modules[name]
+
+
+def main_module(path: str) -> "ModuleType":
+    """A fresh `__main__` for the script at `path` (absolute), with the globals `python SCRIPT` gives it."""
+    module = type(sys)("__main__")
+    module.__dict__.update(
+        __annotations__={},
+        __builtins__=builtins,
+        __file__=path,
+        __cached__=None,
+        __loader__=SourceFileLoader("__main__", path),
+    )
+    return module
+
+
+def compile_script(path: str) -> "CodeType":
+    """The script's code, read and compiled as the interpreter does for `python SCRIPT` (its encoding
+    declaration honoured). OSError when it cannot be read, SyntaxError when it does not compile."""
+    with io.open_code(path) as file:
+        source = file.read()
+    return compile(source, path, "exec", dont_inherit=True)
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.stderr.write(f"usage: python {__file__} SCRIPT [ARGS...]\n")
+        _exit_now(USAGE)
+    given = argv[0]
+    # os.path, not pathlib: only what the interpreter loaded at start (see above)
+    script = os.path.abspath(given)  # noqa: PTH100  (__file__ and code names: absolute, links kept)
+    sys.argv = list(argv)
+    here = os.path.dirname(os.path.realpath(given))  # noqa: PTH120  (sys.path[0]: the real directory)
+    if sys.flags.safe_path:
+        sys.path.insert(0, here)  # as `python SCRIPT` sets it
+    else:
+        sys.path[0] = here  # this file's own folder until now
+    try:
+        code = compile_script(script)
+    except OSError as unreadable:
+        reason = f"[Errno {unreadable.errno}] {unreadable.strerror}"
+        print(f"{sys.executable}: can't open file {script!r}: {reason}", file=sys.stderr)
+        _exit_now(2)
+        return
+    except BaseException as failure:  # a syntax error: reported as Python reports it, before anything ran
+        _exit_now(report(failure, script) or 1)
+        return
+    module = main_module(script)
+    forget_own_imports()
+    sys.modules["__main__"] = module  # for good: exit handlers and pickle find the script's own classes
+    try:
+        exec(code, module.__dict__)  # noqa: S102  (the user's script, as `python SCRIPT` runs it)
+    except SystemExit as stop:
+        status = sys_exit_status(stop.code)
+        if status is None:
+            raise  # a clean exit: exit handlers run as usual
+        if not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)
+        _exit_now(status)
+    except KeyboardInterrupt as interrupt:
+        report(interrupt, script)
+        _flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException as failure:  # any failure of the script: report it, then end without waiting
+        _exit_now(report(failure, script) or 1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
