@@ -7,29 +7,35 @@ set -euo pipefail
 usage() {
   cat <<USAGE
 usage: $(basename "$0") [options] cpu|gpu
-  --engine E          docker, podman or buildah (default: \$SMHVD_ENGINE, else the first one installed)
+  --engine E          docker, podman or buildah (default: docker when its daemon answers \`docker info\`, else
+                      podman with the project's store; see docs/images.md, "Which engine, which store")
   --name NAME         image name (default: \$SMHVD_IMAGE_NAME or sagemaker-horovod)
-  --base-image REF    base image (default: the Dockerfile's, docker.io/library/debian:bookworm-slim)
+  --base-image REF    base image (default: with podman/buildah, localhost/debian:bookworm when the project store
+                      has it (bin/make-base-image.sh); else the Dockerfile's docker.io/library/debian:bookworm-slim)
   --extra-ca PATH     trust these CA certificates (a PEM file, or a directory of *.crt/*.pem) while downloading
                       during the build, e.g. behind an HTTPS-intercepting proxy; repeatable. Not stored in the image.
+                      Default: the machine's own extra CAs, /usr/local/share/ca-certificates/*.crt, when there are
+                      any (docs/images.md, "Behind a proxy that re-signs TLS")
+  --dry-run           choose the engine, store, base image and CAs, print the build command, build nothing
   --build-arg K=V     any other Dockerfile ARG (versions, HOROVOD_BUILD_CUDA_CC_LIST...); repeatable
   --no-cache          rebuild every layer
   -h, --help          this help
 The build context is the repository root. Examples:
   $(basename "$0") cpu
-  $(basename "$0") --engine podman --extra-ca /usr/local/share/ca-certificates gpu
+  $(basename "$0") --engine podman --extra-ca ./proxy-ca.pem gpu
 USAGE
 }
 
 die() { echo "build.sh: $*" >&2; exit 2; }
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-engine=${SMHVD_ENGINE:-}
+engine=""
 name=${SMHVD_IMAGE_NAME:-sagemaker-horovod}
 base_image=""
 extra_ca=()
 build_args=()
 no_cache=0
+dry_run=0
 flavor=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,6 +45,7 @@ while [ $# -gt 0 ]; do
     --extra-ca) extra_ca+=("${2:?--extra-ca needs a path}"); shift ;;
     --build-arg) build_args+=("${2:?--build-arg needs KEY=VALUE}"); shift ;;
     --no-cache) no_cache=1 ;;
+    --dry-run) dry_run=1 ;;
     -h|--help) usage; exit 0 ;;
     cpu|gpu) [ -z "$flavor" ] || die "only one flavor per build (got $flavor and $1)"; flavor=$1 ;;
     *) usage >&2; die "unknown argument '$1'" ;;
@@ -49,7 +56,20 @@ done
 
 # shellcheck source=bin/lib/engine.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/engine.sh"
-pick_engine
+pick_engine build.sh docker podman buildah
+if [ -z "$base_image" ] && [ "$engine" != docker ]; then
+  base_image=$(project_base_image)
+  if [ -n "$base_image" ]; then
+    echo "build.sh: base image: $base_image (from the store above)" >&2
+  else
+    echo "build.sh: base image: the Dockerfile's docker.io/library/debian:bookworm-slim (no $PROJECT_BASE_IMAGE" \
+      "in the store above: bin/make-base-image.sh makes it without Docker Hub)" >&2
+  fi
+fi
+if [ "${#extra_ca[@]}" = 0 ] && [ -n "$(host_ca_dir)" ]; then
+  extra_ca=("$(host_ca_dir)")
+  echo "build.sh: trusting this machine's extra CA certificates while downloading: $HOST_CA_DIR/*.crt" >&2
+fi
 for arg in "${build_args[@]}"; do
   [[ "$arg" == [A-Za-z_]*=* ]] || die "--build-arg '$arg' is not KEY=VALUE"
 done
@@ -104,6 +124,18 @@ case "$engine" in
   buildah) cmd=(buildah build --format docker --layers "${args[@]}" "$repo") ;;
 esac
 
+if [ "$dry_run" = 1 ]; then
+  # The command with the CA text shortened: PEM blocks are long, and the command is for reading.
+  shown=()
+  for a in "${cmd[@]}"; do
+    if [[ "$a" == EXTRA_CA_CERTS=* ]]; then
+      a="EXTRA_CA_CERTS=<$(grep -c -- '-----BEGIN CERTIFICATE-----' <<<"$ca_pem") PEM certificate(s)>"
+    fi
+    shown+=("$a")
+  done
+  echo "build.sh: dry run: ${shown[*]@Q}" >&2
+  exit 0
+fi
 echo "build.sh: $engine: building $moving ($immutable)" >&2
 start=$SECONDS
 "${cmd[@]}" >&2

@@ -3,18 +3,22 @@
 # running this project's images on a machine without a Docker engine, and print the environment that selects
 # it as KEY=VALUE lines. Nothing outside STATE_DIR is configured: the machine's own /etc/containers is left alone.
 #
-#   eval "$(bin/daemonless-env.sh --export)"      # then: podman images, bin/build.sh --engine podman cpu ...
+#   eval "$(bin/daemonless-env.sh --export)"      # then: podman images, podman pod ls ...
+# bin/build.sh, push.sh, local-train.sh and sdk-venv.sh need no eval: without a Docker daemon they use this
+# configuration themselves (bin/lib/engine.sh).
 set -euo pipefail
 
 usage() {
   cat <<USAGE
-usage: $(basename "$0") [--install] [--export] [STATE_DIR]
+usage: $(basename "$0") [--install] [--export] [--engine-only] [STATE_DIR]
   STATE_DIR  where configuration and image storage live (default: \$SMHVD_CONTAINERS_DIR, else
              \${XDG_CACHE_HOME:-~/.cache}/smhvd/containers-netavark: one layer cache per machine, shared by every
              checkout, so a fresh clone reuses the layers a previous build made)
   --install  apt-get install the missing tools first (buildah podman skopeo runc docker-registry debootstrap
              shellcheck); needs root
   --export   print 'export KEY=VALUE' lines (for eval) instead of KEY=VALUE
+  --engine-only  check only what running the engine needs (runc, and podman or buildah), not the tools of
+             the image tests and the base image (bin/lib/engine.sh: the scripts' own engine choice)
 USAGE
 }
 
@@ -23,10 +27,12 @@ USAGE
 state=${SMHVD_CONTAINERS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/smhvd/containers-netavark}
 install=0
 prefix=""
+engine_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --install) install=1 ;;
     --export) prefix="export " ;;
+    --engine-only) engine_only=1 ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "daemonless-env: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) state=$1 ;;
@@ -54,6 +60,13 @@ if [ "$install" = 1 ]; then
       "${missing[@]}" >&2
   fi
 fi
+if [ "$engine_only" = 1 ]; then
+  tools=(runc)
+  if ! command -v podman >/dev/null && ! command -v buildah >/dev/null; then
+    echo "daemonless-env: neither podman nor buildah found (apt-get install podman)" >&2
+    exit 1
+  fi
+fi
 for t in "${tools[@]}"; do
   if ! command -v "$t" >/dev/null; then
     echo "daemonless-env: $t not found (run with --install, or apt-get install $t)" >&2
@@ -64,9 +77,19 @@ done
 mkdir -p "$state"
 state=$(cd "$state" && pwd)
 
+# write_conf FILE: stdin becomes FILE, replaced in one rename and only when it changed: podman processes of
+# another run (the SDK shims call this script on every docker command) never read a half-written file.
+write_conf() {
+  local tmp
+  tmp=$(mktemp "$1.XXXXXX")
+  chmod 644 "$tmp"
+  cat >"$tmp"
+  if cmp -s "$tmp" "$1"; then rm -f "$tmp"; else mv -f "$tmp" "$1"; fi
+}
+
 # runc, not crun (crun fails on this kind of kernel/sandbox); ulimits lowered because the defaults inherited
 # from the host can exceed what an unprivileged-looking sandbox allows; cgroupfs and file events need no systemd.
-cat >"$state/containers.conf" <<CONF
+write_conf "$state/containers.conf" <<CONF
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
 
@@ -80,7 +103,7 @@ network_backend = "netavark"
 CONF
 
 # overlay is 3-4x faster than vfs for multi-GB layers and stores a third of the bytes.
-cat >"$state/storage.conf" <<CONF
+write_conf "$state/storage.conf" <<CONF
 [storage]
 driver = "overlay"
 runroot = "$state/run"
@@ -89,7 +112,7 @@ CONF
 
 # Only fully qualified names are resolved (no silent Docker Hub lookups); the local test registry on the
 # loopback interface is plain HTTP.
-cat >"$state/registries.conf" <<CONF
+write_conf "$state/registries.conf" <<CONF
 unqualified-search-registries = []
 short-name-mode = "disabled"
 

@@ -18,12 +18,16 @@ usage: $(basename "$0") [options] IMAGE
   --mpi-options STRING     extra mpirun options (sagemaker_mpi_custom_mpi_options)
   --work DIR               where the /opt/ml tree is made (default: a new directory under ./build/local-train);
                            it must not exist yet or be empty
-  --engine E               docker or podman (default: \$SMHVD_ENGINE, else the first one installed)
+  --engine E               docker or podman (default: docker when its daemon answers \`docker info\`, else
+                           podman with the project's store, where bin/build.sh puts images; docs/images.md)
   --gpu                    give the container every GPU (docker: --gpus all; podman: CDI nvidia.com/gpu=all)
   --network NAME           container network (e.g. host); default: the engine's
   --shm-size SIZE          /dev/shm size for MPI's shared memory (default 1g)
   --env KEY=VALUE          extra environment variable for the container; repeatable
   --run-arg ARG            extra argument for '\$ENGINE run'; repeatable
+  --dry-run                write the /opt/ml tree and print the run command; start no container
+When this machine has extra CA certificates (/usr/local/share/ca-certificates/*.crt, e.g. for a proxy that
+re-signs TLS), its CA bundle is mounted read-only and the job's pip and boto3 use it (docs/images.md).
   -h, --help               this help
 Example:
   $(basename "$0") --source examples/code --entry-point train.py --processes-per-host 2 \\
@@ -34,7 +38,8 @@ USAGE
 die() { echo "local-train.sh: $*" >&2; exit 2; }
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-engine=${SMHVD_ENGINE:-}
+engine=""
+dry_run=0
 hp_file=""
 channels=()
 source_dir=""
@@ -64,6 +69,7 @@ while [ $# -gt 0 ]; do
     --shm-size) shm_size=${2:?--shm-size needs a value}; shift ;;
     --env) envs+=("${2:?--env needs KEY=VALUE}"); shift ;;
     --run-arg) run_args+=("${2:?--run-arg needs a value}"); shift ;;
+    --dry-run) dry_run=1 ;;
     -h|--help) usage; exit 0 ;;
     -*) usage >&2; die "unknown option '$1'" ;;
     *) [ -z "$image" ] || die "one image only (got $image and $1)"; image=$1 ;;
@@ -72,16 +78,15 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$image" ] || { usage >&2; die "missing the IMAGE to run"; }
 
-if [ -z "$engine" ]; then
-  for candidate in docker podman; do
-    if command -v "$candidate" >/dev/null; then engine=$candidate; break; fi
-  done
-  [ -n "$engine" ] || die "no container engine found (install docker or podman, or pass --engine)"
+# shellcheck source=bin/lib/engine.sh
+source "$repo/bin/lib/engine.sh"
+pick_engine local-train.sh docker podman
+# A short name missing from the store would reach podman's registry lookup ("short-name did not resolve").
+first=${image%%/*}
+if [ "$engine" = podman ] && ! podman image exists "$image" \
+  && { [ "$first" = "$image" ] || ! [[ "$first" == *.* || "$first" == *:* || "$first" == localhost ]]; }; then
+  die "image $image is not in the store above: build it with bin/build.sh (same engine choice, same store)"
 fi
-case "$engine" in
-  docker|podman) command -v "$engine" >/dev/null || die "--engine $engine: $engine is not installed" ;;
-  *) die "--engine must be docker or podman, not '$engine'" ;;
-esac
 command -v python3 >/dev/null || die "python3 is needed to write the JSON configuration"
 
 # Validate everything before creating anything.
@@ -147,11 +152,24 @@ fi
 for i in "${!channel_names[@]}"; do
   cmd+=(--volume "${channel_dirs[$i]}:/opt/ml/input/data/${channel_names[$i]}:ro")
 done
+ca_bundle=$(host_ca_bundle)
+if [ -n "$ca_bundle" ]; then
+  # The job's pip (requirements.txt), boto3 and Python's ssl trust what this machine trusts; the user's --env
+  # entries come after and win.
+  mounted=/etc/ssl/certs/smhvd-host-ca-bundle.crt
+  cmd+=(--volume "$ca_bundle:$mounted:ro" --env "PIP_CERT=$mounted" --env "AWS_CA_BUNDLE=$mounted"
+        --env "REQUESTS_CA_BUNDLE=$mounted" --env "SSL_CERT_FILE=$mounted")
+  echo "local-train.sh: the job trusts this machine's CA bundle $ca_bundle (extra CAs in $HOST_CA_DIR)" >&2
+fi
 for kv in "${envs[@]}"; do cmd+=(--env "$kv"); done
 cmd+=("${run_args[@]}" "$image" train)
 
 echo "local-train.sh: /opt/ml = $work" >&2
 echo "local-train.sh: ${cmd[*]}" >&2
+if [ "$dry_run" = 1 ]; then
+  echo "local-train.sh: dry run: ${cmd[*]@Q}" >&2
+  exit 0
+fi
 trap '"$engine" rm --force "$container" >/dev/null 2>&1 || true' EXIT
 status=0
 "${cmd[@]}" || status=$?

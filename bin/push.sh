@@ -9,7 +9,8 @@ usage() {
   cat <<USAGE
 usage: $(basename "$0") [options] LOCAL_IMAGE...
   LOCAL_IMAGE        NAME:TAG as printed by bin/build.sh; pushed as REGISTRY/REPOSITORY:TAG
-  --engine E         docker, podman or buildah (default: \$SMHVD_ENGINE, else the first one installed)
+  --engine E         docker, podman or buildah (default: docker when its daemon answers \`docker info\`, else
+                     podman with the project's store; see docs/images.md, "Which engine, which store")
   --repository NAME  repository in the registry (default: the local image's name without its registry part)
   --registry HOST    push there instead of ECR (no AWS calls; log in yourself), e.g. 127.0.0.1:5000
                      (also \$SMHVD_REGISTRY)
@@ -17,6 +18,8 @@ usage: $(basename "$0") [options] LOCAL_IMAGE...
                      endpoint's DNS name): create the repository and log in as for ECR
   --region R         ECR region (default: \$AWS_REGION, \$AWS_DEFAULT_REGION, else 'aws configure get region')
   --account ID       AWS account (default: \$AWS_ACCOUNT_ID, else 'aws sts get-caller-identity')
+  --dry-run          choose the engine and store, check the references, print the push commands, push nothing
+                     (no AWS call: needs --registry)
   -h, --help         this help
 Example: $(basename "$0") \$(bin/build.sh cpu)
 USAGE
@@ -24,7 +27,8 @@ USAGE
 
 die() { echo "push.sh: $*" >&2; exit 2; }
 
-engine=${SMHVD_ENGINE:-}
+engine=""
+dry_run=0
 repository=""
 registry=${SMHVD_REGISTRY:-}
 region=${AWS_REGION:-${AWS_DEFAULT_REGION:-}}
@@ -39,6 +43,7 @@ while [ $# -gt 0 ]; do
     --region) region=${2:?--region needs a value}; shift ;;
     --account) account=${2:?--account needs a value}; shift ;;
     --ecr) ecr=1 ;;
+    --dry-run) dry_run=1 ;;
     -h|--help) usage; exit 0 ;;
     -*) usage >&2; die "unknown option '$1'" ;;
     *) images+=("$1") ;;
@@ -49,7 +54,7 @@ done
 
 # shellcheck source=bin/lib/engine.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/engine.sh"
-pick_engine
+pick_engine push.sh docker podman buildah
 
 # NAME:TAG -> (name without registry host, tag). A first component with a dot, a colon or "localhost" is a host.
 split_ref() {
@@ -68,9 +73,11 @@ split_ref() {
 }
 
 for image in "${images[@]}"; do split_ref "$image" >/dev/null; done  # every reference valid before any AWS call
+[ "$dry_run" = 0 ] || [ -n "$registry" ] || die "--dry-run needs --registry (it makes no AWS call)"
 
 [ -n "$registry" ] || ecr=1
 [[ "$registry" != *.dkr.ecr.*.amazonaws.com* ]] || ecr=1
+[ "$dry_run" = 0 ] || ecr=0
 if [ "$ecr" = 1 ]; then
   command -v aws >/dev/null || die "the AWS CLI is needed to push to ECR (or pass --registry HOST)"
   if [ -z "$region" ]; then
@@ -109,13 +116,16 @@ for image in "${images[@]}"; do
   fi
   remote="$registry/$repo_name:$tag"
   echo "push.sh: $engine: $image -> $remote" >&2
-  case "$engine" in
-    docker)
-      docker tag "$image" "$remote"
-      docker push "$remote" >&2
-      ;;
-    podman) podman push --format v2s2 "$image" "docker://$remote" >&2 ;;
-    buildah) buildah push --format v2s2 "$image" "docker://$remote" >&2 ;;
-  esac
+  if [ "$engine" = docker ]; then
+    push=(docker push "$remote")
+  else
+    push=("$engine" push --format v2s2 "$image" "docker://$remote")
+  fi
+  if [ "$dry_run" = 1 ]; then
+    echo "push.sh: dry run: ${push[*]@Q}" >&2
+  else
+    [ "$engine" != docker ] || docker tag "$image" "$remote"
+    "${push[@]}" >&2
+  fi
   printf '%s\n' "$remote"
 done

@@ -1,6 +1,6 @@
 # Container images: build, push (ECR or any registry), run locally as SageMaker would, and the image test tier.
-# Engine: ENGINE=docker|podman|buildah (default: the first installed). DAEMONLESS=1 uses the private
-# buildah/podman configuration of bin/daemonless-env.sh (machines without a Docker engine).
+# Engine: ENGINE=docker|podman|buildah; by default docker when its daemon answers `docker info`, else podman with
+# the project's store (bin/lib/engine.sh; docs/images.md, "Which engine, which store"). Each script says which.
 #   make image-cpu                          # -> build/images/cpu.refs: NAME:cpu-GITSHA and NAME:cpu
 #   make image-push FLAVOR=cpu              # to ECR (AWS CLI credentials), or PUSH_ARGS='--registry HOST'
 #   make local-train IMAGE=sagemaker-horovod:cpu LOCAL_TRAIN_ARGS='--source DIR --entry-point x.py'
@@ -15,11 +15,9 @@ PUSH_ARGS ?=
 LOCAL_TRAIN_ARGS ?=
 IMAGE ?= $(IMAGE_NAME):$(FLAVOR)
 IMAGE_REFS_DIR := $(REPO)/build/images
-DAEMONLESS ?=
-_engine_env = $(if $(DAEMONLESS),eval "$$(bash $(REPO)/bin/daemonless-env.sh --export)";)
 _engine_opt = $(if $(ENGINE),--engine $(ENGINE))
 
-image-cpu: ## build the CPU image (ENGINE, IMAGE_NAME, BUILD_ARGS='--base-image REF --extra-ca DIR ...')
+image-cpu: ## build the CPU image (ENGINE, IMAGE_NAME, BUILD_ARGS='--base-image REF --no-cache ...')
 	$(call _build,cpu)
 
 image-gpu: ## build the GPU image (CUDA 12 + NCCL from NVIDIA's wheels; builds without a GPU)
@@ -27,15 +25,15 @@ image-gpu: ## build the GPU image (CUDA 12 + NCCL from NVIDIA's wheels; builds w
 
 define _build
 	mkdir -p $(IMAGE_REFS_DIR)
-	$(_engine_env) bash bin/build.sh $(_engine_opt) --name $(IMAGE_NAME) $(BUILD_ARGS) $(1) | tee $(IMAGE_REFS_DIR)/$(1).refs
+	bash bin/build.sh $(_engine_opt) --name $(IMAGE_NAME) $(BUILD_ARGS) $(1) | tee $(IMAGE_REFS_DIR)/$(1).refs
 endef
 
 image-push: ## push the last `make image-$(FLAVOR)` to ECR (PUSH_ARGS='--registry HOST' to push elsewhere)
 	test -s $(IMAGE_REFS_DIR)/$(FLAVOR).refs || { echo "run 'make image-$(FLAVOR)' first" >&2; exit 2; }
-	$(_engine_env) bash bin/push.sh $(_engine_opt) $(PUSH_ARGS) $$(cat $(IMAGE_REFS_DIR)/$(FLAVOR).refs)
+	bash bin/push.sh $(_engine_opt) $(PUSH_ARGS) $$(cat $(IMAGE_REFS_DIR)/$(FLAVOR).refs)
 
 local-train: ## run IMAGE as a one-host SageMaker job on a fresh /opt/ml (LOCAL_TRAIN_ARGS: see bin/local-train.sh -h)
-	$(_engine_env) bash bin/local-train.sh $(_engine_opt) $(LOCAL_TRAIN_ARGS) $(IMAGE)
+	bash bin/local-train.sh $(_engine_opt) $(LOCAL_TRAIN_ARGS) $(IMAGE)
 
 base-image: ## debootstrap a Debian bookworm base image into podman's store (localhost/debian:bookworm)
 	eval "$$(bash bin/daemonless-env.sh --export $(if $(CI),--install))"; bash bin/make-base-image.sh

@@ -9,7 +9,6 @@ SDK_DIR ?= $(REPO)/build/sdk
 SDK_DEMO_ARGS ?=
 SDK_IMAGE_NAME ?= sagemaker-horovod
 SDK_BASE_IMAGE ?= localhost/debian:bookworm
-_extra_ca = $(if $(wildcard /usr/local/share/ca-certificates/*.crt),--extra-ca /usr/local/share/ca-certificates)
 
 sdk-venv: ## the SDK v2 venv and the docker/docker-compose shims (build/sdk)
 	bash bin/sdk-venv.sh --install $(SDK_DIR)
@@ -19,7 +18,7 @@ sdk-local-demo: ## SDK v2 local mode: TensorFlow(image_uri=our CPU image, instan
 	engine_env=$$(bash bin/daemonless-env.sh --install --export); eval "$$engine_env"; \
 	bash bin/make-base-image.sh --tag $(SDK_BASE_IMAGE); \
 	mkdir -p $(IMAGE_REFS_DIR); \
-	bash bin/build.sh --engine buildah --name $(SDK_IMAGE_NAME) --base-image $(SDK_BASE_IMAGE) $(_extra_ca) cpu \
+	bash bin/build.sh --engine buildah --name $(SDK_IMAGE_NAME) --base-image $(SDK_BASE_IMAGE) cpu \
 	  | tee $(IMAGE_REFS_DIR)/cpu.refs; \
 	sdk=$$(bash bin/sdk-venv.sh --install $(SDK_DIR)); eval "$$sdk"; \
 	PATH="$$SHIMS:$$PATH" "$$PYTHON" examples/sdk_local_demo.py --image "$$(head -n 1 $(IMAGE_REFS_DIR)/cpu.refs | cut -d ' ' -f 1)" \

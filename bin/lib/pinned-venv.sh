@@ -2,6 +2,9 @@
 # Sourced by bin/sdk-venv.sh and bin/sdk-v3-venv.sh: their command line, and a venv holding exactly the pinned
 # packages, rebuilt only when the pins change (a stamp file names them).
 
+# shellcheck source=bin/lib/engine.sh
+. "$(dirname "${BASH_SOURCE[0]}")/engine.sh"
+
 # venv_args NAME REPO ARG...: the scripts' one command line, `[--install] [DIR]`. Sets `install` (1 with
 # --install) and `dir` (DIR, default REPO/build/sdk; made, and absolute). -h prints the caller's usage.
 venv_args() {
@@ -40,7 +43,16 @@ pinned_venv() {
   if [ ! -e "$stamp" ]; then
     rm -rf "$venv"
     python3 -m venv "$venv" >&2
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "$@" >&2
+    # pip brings its own CA list: behind a proxy that re-signs TLS it must be given the machine's (which holds
+    # the machine's extra CAs), unless the user's pip is set up already (PIP_CERT, or cert in pip.conf).
+    local bundle
+    bundle=$(host_ca_bundle)
+    if [ -n "$bundle" ] && [ -z "${PIP_CERT:-}" ] && ! "$venv/bin/pip" config get global.cert >/dev/null 2>&1; then
+      echo "$name: pip trusts this machine's CA bundle $bundle (extra CAs in $HOST_CA_DIR)" >&2
+      PIP_CERT=$bundle "$venv/bin/pip" install --quiet --disable-pip-version-check "$@" >&2
+    else
+      "$venv/bin/pip" install --quiet --disable-pip-version-check "$@" >&2
+    fi
     touch "$stamp"
   fi
 }
