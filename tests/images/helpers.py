@@ -69,6 +69,32 @@ def run(
     return proc
 
 
+def compose_project_left(env: dict[str, str], project: str) -> list[str]:
+    """What a compose project still holds in the store: its containers (podman-compose labels each with the
+    project) and the pod podman-compose makes per project unless run with --in-pod false (pod_<project>)."""
+    label = f"label=io.podman.compose.project={project}"
+    ps = ["podman", "ps", "-a", "-q", "--filter", label]
+    containers = subprocess.run(ps, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    pods = ["podman", "pod", "ps", "-q", "--filter", f"name=^pod_{project}$"]
+    pod_ids = subprocess.run(pods, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    return [f"container {c}" for c in containers.split()] + [
+        f"pod pod_{project} ({p})" for p in pod_ids.split()
+    ]
+
+
+def remove_compose_project(env: dict[str, str], project: str) -> list[str]:
+    """Remove what one compose project left in the store (local mode removes none of its stopped containers,
+    as Docker Compose); returns what is still there afterwards, which a test asserts is nothing."""
+    label = f"label=io.podman.compose.project={project}"
+    if compose_project_left(env, project):
+        for cmd in (
+            ["podman", "rm", "--force", "--filter", label],
+            ["podman", "pod", "rm", "--force", "--ignore", f"pod_{project}"],
+        ):
+            subprocess.run(cmd, env=env, capture_output=True, timeout=120, check=False)
+    return compose_project_left(env, project)
+
+
 @dataclass(frozen=True)
 class BuiltImage:
     immutable: str  # NAME:FLAVOR-GITSHA

@@ -18,9 +18,9 @@ import pytest
 
 from support.notebooks import NOTEBOOKS, notebook_program
 
-from .helpers import WORK, BuiltImage, record_timing
+from .helpers import WORK, BuiltImage, record_timing, remove_compose_project
 from .test_sdk_local import sdk  # noqa: F401 (the fixtures of the SDK venvs, shared)
-from .test_sdk_v3_local import remove_compose_containers, sdk_v3  # noqa: F401
+from .test_sdk_v3_local import sdk_v3  # noqa: F401
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -63,12 +63,12 @@ def run_notebook(name: str, python: str, env: dict[str, str], image: str, tmp: P
     finally:
         # the compose project is the directory of the compose file: v3 writes it in the root, v2 below it
         projects = {p.parent.name for p in root.rglob("docker-compose.yaml")} | {root.name}
-        left = [c for project in projects for c in remove_compose_containers(env, project)]
+        left = [c for project in projects for c in remove_compose_project(env, project)]
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / f"notebook-{name}.log").write_text(proc.stdout)
     record_timing(f"notebook-{name}", time.monotonic() - started, exit_code=proc.returncode)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert not left, f"containers left behind: {left}"
+    assert not left, f"left in the store: {left}"
     return proc.stdout
 
 

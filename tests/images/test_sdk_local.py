@@ -27,7 +27,7 @@ import pytest
 from support.ci import in_ci
 from support.s3 import s3_client
 
-from .helpers import REPO, WORK, BuiltImage, record_timing, stop, wait_until
+from .helpers import REPO, WORK, BuiltImage, record_timing, remove_compose_project, stop, wait_until
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -217,21 +217,9 @@ def test_sdk_v2_local_mode_fit_raises_when_the_job_fails(
         assert raised is not None, "fit() returned as if the job had succeeded"
         assert "exited with code: 3" in raised, raised
     finally:
-        for compose in root.glob("*/docker-compose.yaml"):
-            label = f"label=io.podman.compose.project={compose.parent.name}"
-            names = subprocess.run(
-                ["docker", "ps", "-a", "-q", "--filter", label],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            ).stdout.split()
-            if names:
-                subprocess.run(
-                    ["docker", "rm", "--force", *names],
-                    env=env,
-                    capture_output=True,
-                    timeout=120,
-                    check=False,
-                )
+        left = [
+            c
+            for compose in root.glob("*/docker-compose.yaml")
+            for c in remove_compose_project(env, compose.parent.name)
+        ]
+    assert not left, f"left in the store: {left}"

@@ -25,7 +25,7 @@ import pytest
 
 from support.ci import in_ci
 
-from .helpers import REPO, WORK, BuiltImage, record_timing
+from .helpers import REPO, WORK, BuiltImage, record_timing, remove_compose_project
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -126,28 +126,6 @@ class Run:
         return None
 
 
-def compose_containers(sdk: dict[str, str], project: str) -> list[str]:
-    """The containers (running or stopped) of one compose project: podman-compose labels each with it."""
-    return subprocess.run(
-        ["docker", "ps", "-a", "-q", "--filter", f"label=io.podman.compose.project={project}"],
-        env=sdk,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.split()
-
-
-def remove_compose_containers(sdk: dict[str, str], project: str) -> list[str]:
-    """Local mode leaves the job's stopped containers behind (as Docker Compose does); a test removes those of
-    its own project. Returns what is still there afterwards."""
-    if ids := compose_containers(sdk, project):
-        subprocess.run(
-            ["docker", "rm", "--force", *ids], env=sdk, capture_output=True, timeout=120, check=False
-        )
-    return compose_containers(sdk, project)
-
-
 def run_trainer(sdk: dict[str, str], image: str, tmp_path: Path, name: str, spec: dict[str, object]) -> Run:
     # The compose file goes in the root: its directory's name is the compose project, which names and labels
     # the containers. A name of its own per run (lower-case letters and digits, as podman-compose keeps
@@ -170,8 +148,8 @@ def run_trainer(sdk: dict[str, str], image: str, tmp_path: Path, name: str, spec
         )
         seconds = time.monotonic() - start  # the SDK's own time: the removal below is the test's
     finally:
-        left = remove_compose_containers(sdk, root.name)
-    assert not left, f"containers of project {root.name} could not be removed: {left}"
+        left = remove_compose_project(sdk, root.name)
+    assert not left, f"project {root.name} left these in the store: {left}"
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / f"sdk-v3-{name}.log").write_text(proc.stdout)
     record_timing(f"sdk-v3-local-{name}", seconds, exit_code=proc.returncode)
