@@ -1,8 +1,9 @@
 """The SM_* environment that SageMaker training scripts expect (names of the sagemaker-training toolkit).
 
-Pure functions: the job in, a dict out. `host_env` holds the part that differs between hosts (HOST_KEYS);
-each host's launcher computes it for its own ranks (roles/hostenv.py), so that every rank sees its own
-SM_CURRENT_HOST (the stock toolkit gives every rank the leader's).
+Pure functions: the job in, a dict out. `host_env` holds the part that differs between hosts (the names are
+hostenv_client.HOST_KEYS, which a rank reads); each host's launcher computes it for its own ranks
+(roles/hostenv.py), so that every rank sees its own SM_CURRENT_HOST (the stock toolkit gives every rank the
+leader's).
 """
 
 from __future__ import annotations
@@ -15,21 +16,6 @@ from smhvd.config.hyperparameters import to_env_value
 from smhvd.config.instance_groups import Placement, group_env
 from smhvd.config.job import Job
 from smhvd.config.sagemaker_files import ResourceConfig
-
-# The variables host_env sets: per host, never taken from the leader.
-HOST_KEYS = frozenset(
-    {
-        "SM_CURRENT_HOST",
-        "SM_NUM_CPUS",
-        "SM_NUM_GPUS",
-        "SM_RESOURCE_CONFIG",
-        "SM_TRAINING_ENV",
-        "SM_NETWORK_INTERFACE_NAME",
-        "SM_CURRENT_INSTANCE_TYPE",
-        "SM_CURRENT_INSTANCE_GROUP",
-        "SM_CURRENT_INSTANCE_GROUP_HOSTS",
-    }
-)
 
 
 def _json(value: object) -> str:

@@ -1,10 +1,10 @@
 """The rank wrapper: `python -m smhvd.rank -- PROGRAM ARGS`, or under mpirun `python -m smhvd.rank` with the
 argv in SMHVD_RANK_ARGV (so that no user value is ever parsed by mpirun); started by mpirun for every rank.
 
-- Takes this host's own environment from its `train` (roles/hostenv.py): the container's variables and its own
-  SM_* values (mpirun forwards the leader's), so each rank sees its own SM_CURRENT_HOST and what SageMaker
-  set in its container. Only the `train` that started this rank may answer. Without it the rank does not
-  start (exit 69, one line naming why).
+- Takes this host's own environment from its `train` (hostenv_client.py; roles/hostenv.py serves it): the
+  container's variables and its own SM_* values (mpirun forwards the leader's), so each rank sees its own
+  SM_CURRENT_HOST and what SageMaker set in its container. Only the `train` that started this rank may
+  answer. Without it the rank does not start (exit 69, one line naming why).
 - Passes the program's stdout and stderr on in whole lines, each tagged with its rank and host unless
   launcher_tag_output is false, lines in progress (progress bars) shown while they run (proc/lines.py). Under
   the launcher it writes them, its start and, when the program fails, the failure with the tail of the
@@ -29,7 +29,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, MutableMapping
 
-from smhvd import wire
+from smhvd import hostenv_client, wire
 from smhvd.errors import EX_NOT_STARTED, EX_UNAVAILABLE, EX_USAGE, LauncherError, exit_status
 from smhvd.proc.lines import Lines, Out, tag, write_all
 from smhvd.proc.loop import follow_output
@@ -40,8 +40,6 @@ from smhvd.proc.processes import (
     rank_program_preexec,
 )
 from smhvd.proc.timers import Timers
-from smhvd.roles import hostenv
-from smhvd.roles.sshd import ssh_port
 from smhvd.wire import OUTPUT_CHANNEL, RANK_ARGV, RECORDS, SERVED, TAG_OUTPUT, RankFailure, RankStart
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
@@ -57,8 +55,9 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
     environment cannot be had: a rank never runs with another host's identity."""
     if not env.get(SERVED):
         return dict(env)
-    path = hostenv.rank_directory(env, ssh_port(env))
-    return hostenv.merge(env, hostenv.fetch(path, ancestors=ancestors()))  # only the train that started it
+    path = hostenv_client.rank_directory(env, hostenv_client.ssh_port(env))
+    served = hostenv_client.fetch(path, ancestors=ancestors())  # only the train that started it
+    return hostenv_client.merge(env, served)
 
 
 def _identity(env: Mapping[str, str]) -> tuple[int | None, str | None]:

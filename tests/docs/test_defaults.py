@@ -9,9 +9,9 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
+from smhvd import hostenv_client
 from smhvd.config.paths import DEFAULT_BASE_DIR
 from smhvd.mpi.command import OMPI_RSH_CONCURRENT, MpiPlan, default_options
-from smhvd.roles import hostenv, sshd
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGURATION = REPO / "docs" / "configuration.md"
@@ -87,8 +87,8 @@ def test_horovods_defaults_are_those_of_the_pinned_horovod() -> None:
 def test_the_variables_table_gives_the_codes_defaults() -> None:
     rows = table(CONFIGURATION.read_text(), "| variable | default | meaning |")
     assert code(rows["SAGEMAKER_BASE_DIR"][0]) == str(DEFAULT_BASE_DIR)
-    assert rows["SMHVD_SSH_PORT"][0] == str(sshd.DEFAULT_PORT)
-    assert rows["SMHVD_HOSTENV_TIMEOUT"][0] == f"{hostenv.FETCH_TIMEOUT:g}"
+    assert rows["SMHVD_SSH_PORT"][0] == str(hostenv_client.DEFAULT_PORT)
+    assert rows["SMHVD_HOSTENV_TIMEOUT"][0] == f"{hostenv_client.FETCH_TIMEOUT:g}"
     assert rows["SMHVD_LOG_LEVEL"][0].endswith("else 20 (INFO)")
 
 

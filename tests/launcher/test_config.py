@@ -137,7 +137,7 @@ def test_input_data_config_channels_sorted_and_validated():
 @pytest.mark.parametrize("raw", ["abc", "0", "70000", "22 "])
 def test_a_bad_ssh_port_is_a_configuration_error(raw):
     from smhvd.errors import EX_CONFIG, ConfigError
-    from smhvd.roles.sshd import ssh_port
+    from smhvd.hostenv_client import ssh_port
 
     with pytest.raises(ConfigError, match=r"^environment: SMHVD_SSH_PORT: expected a TCP port number") as err:
         ssh_port({"SMHVD_SSH_PORT": raw})

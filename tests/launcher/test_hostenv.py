@@ -14,13 +14,16 @@ import time
 
 import pytest
 
+from smhvd import hostenv_client
 from smhvd.config.hardware import parse_route_device
 from smhvd.config.job import Hardware, Job, with_usable_interface
 from smhvd.config.launcher_options import parse_launcher_options
 from smhvd.config.sagemaker_files import parse_resource_config, read_json
+from smhvd.environment import host_env
 from smhvd.errors import ConfigError, HostEnvError
 from smhvd.proc import processes, trust
 from smhvd.roles import hostenv
+from smhvd.wire import SERVED
 from smhvd_dev.mltree import write_ml_tree
 from support.ci import need_root
 from tests.conftest import TRAIN
@@ -40,7 +43,7 @@ def test_merge_host_env_below_the_leaders_forwarded_values_and_own_host_values_o
         "SM_NUM_CPUS": "8",
         "OMPI_COMM_WORLD_RANK": "1",
     }
-    assert hostenv.merge(received, served) == {
+    assert hostenv_client.merge(received, served) == {
         "USER_FLAG": "worker",
         "AWS_ENDPOINT_URL_S3": "http://s3.local",
         "HOROVOD_CYCLE_TIME": "5",
@@ -48,6 +51,22 @@ def test_merge_host_env_below_the_leaders_forwarded_values_and_own_host_values_o
         "SM_NUM_CPUS": "4",
         "OMPI_COMM_WORLD_RANK": "1",
     }
+
+
+def test_every_variable_host_env_sets_is_a_host_key_a_rank_takes_from_its_own_host():
+    """hostenv_client.HOST_KEYS (low, for the rank) names what environment.host_env sets: a key it missed
+    would reach every rank with the leader's value."""
+    resources = parse_resource_config(
+        {
+            "current_host": "algo-2",
+            "hosts": ["algo-1", "algo-2"],
+            "network_interface_name": "eth0",
+            "current_instance_type": "ml.p4d.24xlarge",
+        }
+    )
+    env = host_env(resources, {}, cpus=4, gpus=1, training_env={})
+    assert set(env) <= hostenv_client.HOST_KEYS
+    assert "SM_NETWORK_INTERFACE_NAME" in env and "SM_CURRENT_INSTANCE_TYPE" in env  # every optional one too
 
 
 def free_port() -> int:
@@ -65,6 +84,8 @@ def port():
 
 SERVER = """
 import sys, time
+from smhvd import hostenv_client
+from smhvd.environment import host_env
 from smhvd.errors import ConfigError, HostEnvError
 from smhvd.proc import trust
 from smhvd.wire import RankFailure
@@ -94,11 +115,11 @@ def test_a_served_environment_reaches_this_hosts_ranks_and_is_gone_after_the_blo
     with hostenv.serving(trust.directory(port), env):
         path = trust.directory(port)
         assert trust.private_dir_problem(path, os.geteuid()) is None  # 0700, ours
-        assert hostenv.fetch(trust.directory(port)) == env
-        assert hostenv.fetch(trust.directory(port)) == env  # every rank asks once
+        assert hostenv_client.fetch(trust.directory(port)) == env
+        assert hostenv_client.fetch(trust.directory(port)) == env  # every rank asks once
     assert not path.exists()
     with pytest.raises(HostEnvError, match=r"timed out after 0.3s waiting for this host's environment"):
-        hostenv.fetch(
+        hostenv_client.fetch(
             trust.directory(port), timeout=0.3
         )  # nobody serves: a rank fails, never runs with another's identity
 
@@ -112,7 +133,7 @@ def test_a_client_that_does_not_read_holds_up_no_other_and_is_dropped(port, monk
     with hostenv.serving(path, env), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stuck:
         stuck.connect(str(path / trust.ENV_SOCKET))
         for _ in range(3):  # served while the stuck client's answer waits
-            assert hostenv.fetch(path, timeout=30) == env
+            assert hostenv_client.fetch(path, timeout=30) == env
         time.sleep(1.5)  # past SEND_TIMEOUT without taking anything
         stuck.settimeout(30)
         received = 0
@@ -144,7 +165,7 @@ def _fake_server(port: int, pid: int, answer: bytes) -> tuple[socket.socket, thr
 def test_a_garbled_answer_is_refused(port):
     server, thread = _fake_server(port, os.getpid(), json.dumps({"A": 1}).encode())  # values must be strings
     with server, pytest.raises(HostEnvError, match=r"answered something other than an environment"):
-        hostenv.fetch(trust.directory(port), timeout=2)
+        hostenv_client.fetch(trust.directory(port), timeout=2)
     thread.join()
 
 
@@ -158,8 +179,8 @@ def test_a_train_that_did_not_start_the_rank_is_refused(port):
         with pytest.raises(
             HostEnvError, match=r"served by pid \d+, which did not start this process: refused"
         ):
-            hostenv.fetch(trust.directory(port), timeout=2, ancestors=processes.ancestors())
-        assert hostenv.fetch(trust.directory(port), timeout=2, ancestors={os.getpid()}) == env
+            hostenv_client.fetch(trust.directory(port), timeout=2, ancestors=processes.ancestors())
+        assert hostenv_client.fetch(trust.directory(port), timeout=2, ancestors={os.getpid()}) == env
     thread.join()
 
 
@@ -186,7 +207,7 @@ def test_an_answer_from_another_process_than_the_train_is_refused(port):
                 HostEnvError, match=rf"answered by pid {os.getpid()} .* not by its train \(pid {other.pid}"
             ),
         ):
-            hostenv.fetch(trust.directory(port), timeout=2)
+            hostenv_client.fetch(trust.directory(port), timeout=2)
         thread.join()
     finally:
         other.kill()
@@ -213,7 +234,7 @@ def test_another_user_can_neither_read_nor_take_the_place(port, server):
         "else:\n    print('connected', s.recv(100))\n"
     )
     assert probe.stdout.strip() == "PermissionError", probe.stdout + probe.stderr
-    assert hostenv.fetch(trust.directory(port))["SM_CURRENT_HOST"] == "algo-2"
+    assert hostenv_client.fetch(trust.directory(port))["SM_CURRENT_HOST"] == "algo-2"
 
 
 @pytest.mark.integration  # starts processes
@@ -235,7 +256,7 @@ def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, ho
     with refused, hostenv.serving(trust.directory(port), {"A": "1"}):
         pass
     with pytest.raises(HostEnvError, match=r"this host's environment is not trusted: "):
-        hostenv.fetch(trust.directory(port), timeout=2)
+        hostenv_client.fetch(trust.directory(port), timeout=2)
 
 
 @pytest.mark.integration  # starts processes
@@ -245,11 +266,11 @@ def test_a_live_train_keeps_its_place_and_a_stale_one_is_taken_over(port, server
         hostenv.serving(trust.directory(port), {"A": "2"}),
     ):
         pass
-    assert hostenv.fetch(trust.directory(port))["A"] == "1"  # the refused second one removed nothing
+    assert hostenv_client.fetch(trust.directory(port))["A"] == "1"  # the refused second one removed nothing
     server.kill()  # gone without cleaning up: its directory and pid stay behind
     server.wait()
     with hostenv.serving(trust.directory(port), {"A": "3"}):
-        assert hostenv.fetch(trust.directory(port))["A"] == "3"
+        assert hostenv_client.fetch(trust.directory(port))["A"] == "3"
 
 
 @pytest.mark.integration  # starts processes
@@ -259,7 +280,7 @@ def test_a_place_whose_pid_is_now_another_kind_of_process_is_taken_over(port):
     with subprocess.Popen(["sleep", "60"]) as other:  # alive, but not a train
         (path / trust.PID_FILE).write_text(str(other.pid))
         with hostenv.serving(path, {"A": "4"}):
-            assert hostenv.fetch(path)["A"] == "4"
+            assert hostenv_client.fetch(path)["A"] == "4"
         other.kill()
 
 
@@ -269,7 +290,7 @@ def test_a_trains_pid_written_before_that_process_started_is_stale(port, server)
     hour_ago = time.time() - 3600
     os.utime(path / trust.PID_FILE, (hour_ago, hour_ago))  # the pid was written before this train started
     with hostenv.serving(path, {"A": "5"}):
-        assert hostenv.fetch(path)["A"] == "5"
+        assert hostenv_client.fetch(path)["A"] == "5"
 
 
 @pytest.mark.integration  # starts processes
@@ -319,7 +340,7 @@ def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
 
     def ask():
         try:
-            results.append(hostenv.fetch(trust.directory(port), timeout=30)["SM_CURRENT_HOST"])
+            results.append(hostenv_client.fetch(trust.directory(port), timeout=30)["SM_CURRENT_HOST"])
         except HostEnvError as exc:
             results.append(exc)
 
@@ -336,17 +357,17 @@ def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
 def test_a_rank_on_the_leaders_host_asks_the_leaders_directory_elsewhere_its_workers(port, tmp_path):
     leaders = hostenv.leader_directory()
     with hostenv.serving(leaders, {"SM_CURRENT_HOST": "algo-1"}):
-        assert hostenv.rank_directory({hostenv.SERVED: str(leaders)}, port) == leaders
-        assert hostenv.fetch(leaders)["SM_CURRENT_HOST"] == "algo-1"
-    gone = {hostenv.SERVED: str(leaders)}  # on a worker's host the leader's directory does not exist
-    assert hostenv.rank_directory(gone, port) == trust.directory(port)
-    elsewhere = {hostenv.SERVED: str(tmp_path)}  # only a directory where the leader makes them counts
-    assert hostenv.rank_directory(elsewhere, port) == trust.directory(port)
+        assert hostenv_client.rank_directory({SERVED: str(leaders)}, port) == leaders
+        assert hostenv_client.fetch(leaders)["SM_CURRENT_HOST"] == "algo-1"
+    gone = {SERVED: str(leaders)}  # on a worker's host the leader's directory does not exist
+    assert hostenv_client.rank_directory(gone, port) == trust.directory(port)
+    elsewhere = {SERVED: str(tmp_path)}  # only a directory where the leader makes them counts
+    assert hostenv_client.rank_directory(elsewhere, port) == trust.directory(port)
 
 
 @pytest.mark.integration  # starts processes
 def test_a_rank_without_its_hosts_environment_fails_in_one_line(port):
-    env = {**os.environ, hostenv.SERVED: "1", "SMHVD_SSH_PORT": str(port), "SMHVD_HOSTENV_TIMEOUT": "0.5"}
+    env = {**os.environ, SERVED: "1", "SMHVD_SSH_PORT": str(port), "SMHVD_HOSTENV_TIMEOUT": "0.5"}
     env["OMPI_COMM_WORLD_RANK"] = "3"
     proc = subprocess.run(
         [sys.executable, "-m", "smhvd.rank", "--", "true"],
@@ -449,6 +470,6 @@ def test_train_with_a_read_only_run_exits_73_in_one_line_naming_the_directory(tr
 @pytest.mark.parametrize("raw", ["abc", "0", "-1", "nan", "inf", "1e9", ""])
 def test_a_bad_hostenv_timeout_is_a_configuration_error_not_a_silent_default(raw):
     with pytest.raises(ConfigError, match=r"environment: SMHVD_HOSTENV_TIMEOUT: expected seconds"):
-        hostenv.fetch_timeout({"SMHVD_HOSTENV_TIMEOUT": raw})
-    assert hostenv.fetch_timeout({"SMHVD_HOSTENV_TIMEOUT": "2.5"}) == 2.5
-    assert hostenv.fetch_timeout({}) == hostenv.FETCH_TIMEOUT
+        hostenv_client.fetch_timeout({"SMHVD_HOSTENV_TIMEOUT": raw})
+    assert hostenv_client.fetch_timeout({"SMHVD_HOSTENV_TIMEOUT": "2.5"}) == 2.5
+    assert hostenv_client.fetch_timeout({}) == hostenv_client.FETCH_TIMEOUT

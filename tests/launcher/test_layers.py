@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +21,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # Bottom to top. A module is in the layer of its longest listed prefix.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("smhvd.errors", "smhvd.wire"),  # exit codes; what crosses process boundaries
-    ("smhvd.proc",),  # how processes run and are waited for
+    ("smhvd.proc", "smhvd.hostenv_client"),  # how processes run and are waited for; a rank's side of its
+    # host's environment (low, so that the rank imports neither the roles nor the job's configuration)
     ("smhvd.config",),  # what the job is
     ("smhvd.report", "smhvd.environment", "smhvd.sourcecode", "smhvd.s3_download"),  # what the user is told;
     # the script's variables and code
@@ -210,3 +213,16 @@ def test_no_module_import_cycle() -> None:
         if start not in state:
             visit(start, [start])
     assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.integration  # starts a process
+def test_the_rank_wrapper_loads_neither_the_roles_nor_the_jobs_configuration() -> None:
+    """Every rank imports smhvd.rank: what it loads is paid once per rank (issue 37: 26 smhvd modules, 14 of
+    them roles/ and config/, when the rank took its host's environment from roles/hostenv.py)."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import smhvd.rank, sys; print(*sorted(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert [m for m in loaded if m.startswith(("smhvd.roles", "smhvd.config"))] == []

@@ -17,7 +17,8 @@ lives in the same directory and is trusted the same way.
 
 A rank started by mpirun under `train` (SERVED set) must get its host's environment: it retries within a
 deadline (a loaded host may be slow to accept) and, if there is none, fails with one line. It never runs
-with another host's identity.
+with another host's identity. That side, the client, is hostenv_client.py: low, so that a rank imports
+neither this module nor the job's configuration.
 """
 
 from __future__ import annotations
@@ -30,30 +31,27 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from smhvd.environment import HOST_KEYS
-from smhvd.errors import ConfigError, HostEnvError
+from smhvd.errors import HostEnvError
+from smhvd.hostenv_client import fetch_timeout
 from smhvd.proc.loop import Loop
 from smhvd.proc.trust import (
     ENV_SOCKET,
     LINK_SOCKET,
     PID_FILE,
-    connect_trusted,
     directory,
     is_train,
     peer_credentials,
     private_dir_problem,
     read_pid,
 )
-from smhvd.proc.waiting import NotYet, wait_until
-from smhvd.wire import HOSTENV_TIMEOUT, SERVED
 
-FETCH_TIMEOUT = 60.0
-MAX_FETCH_TIMEOUT = 86400.0
+# The server, and the client's fetch_timeout, which launch.py checks at start through this module.
+__all__ = ["fetch_timeout", "leader_directory", "reclaim_leaders_leftovers", "serving"]
+
 BACKLOG = 4096  # every rank of a large host may ask at the same moment (the kernel caps it at somaxconn)
-_MAX_BYTES = 64 * 1024 * 1024
 SEND_TIMEOUT = 10.0  # a client that takes nothing of its answer for this long is dropped
 MAX_PENDING = 1024  # answers being sent at once; more connections wait in the listen queue
 _OWN_NAMES = (ENV_SOCKET, LINK_SOCKET, PID_FILE, PID_FILE + ".tmp")  # all `train` ever writes there
@@ -87,25 +85,6 @@ def reclaim_leaders_leftovers(uid: int | None = None, now: float | None = None) 
             path.rmdir()
             removed.append(path)
     return removed
-
-
-def rank_directory(env: Mapping[str, str], port: int) -> Path:
-    """The directory a rank asks: the leader's, when the rank runs on the leader's host (it exists there and
-    nowhere else: its name is random), else its worker's, named after the port."""
-    given = env.get(SERVED, "")
-    leaders = Path(given)
-    if given and leaders.parent == directory(0).parent and leaders.name.startswith(directory("job-").name):
-        with contextlib.suppress(OSError):
-            if leaders.is_dir() or leaders.is_symlink():
-                return leaders
-    return directory(port)
-
-
-def merge(received: Mapping[str, str], served: Mapping[str, str]) -> dict[str, str]:
-    """The rank's environment: host's own < what mpirun forwarded < the host's own per-host SM_* values."""
-    env = {**served, **received}
-    env.update({k: v for k, v in served.items() if k in HOST_KEYS})
-    return env
 
 
 def _claim(path: Path) -> None:
@@ -267,74 +246,3 @@ class _Answers:
     def drop_all(self) -> None:
         for conn in list(self.pending):
             self.drop(conn)
-
-
-def _parse(data: bytes) -> dict[str, str] | None:
-    try:
-        env = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(env, dict):
-        return None
-    for name, value in env.items():  # what a process environment can hold
-        if not isinstance(name, str) or not isinstance(value, str):
-            return None
-        if not name or "=" in name or "\0" in name or "\0" in value:
-            return None
-    return env
-
-
-def fetch_once(path: Path, timeout: float, ancestors: Collection[int] | None = None) -> dict[str, str]:
-    """One attempt: NotYet while the server is not (yet) there or too busy; HostEnvError for anything that
-    must not be trusted."""
-    what = "this host's environment"
-    with connect_trusted(path, ENV_SOCKET, timeout, ancestors, what) as conn:
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            while chunk := conn.recv(1 << 20):
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > _MAX_BYTES:
-                    raise HostEnvError(f"{what} is larger than {_MAX_BYTES} bytes: refused")
-        except TimeoutError:
-            raise NotYet("the answer did not come in time") from None
-        except ConnectionResetError:
-            raise NotYet("the answer was cut short") from None
-    env = _parse(b"".join(chunks))
-    if env is None:
-        raise HostEnvError(f"this host's train ({path}) answered something other than an environment")
-    return env
-
-
-def fetch_timeout(env: Mapping[str, str]) -> float:
-    """SMHVD_HOSTENV_TIMEOUT (seconds a rank waits for its host's environment), else FETCH_TIMEOUT; `train`
-    checks it at start (ConfigError: exit 78), so that no rank falls back on another value silently."""
-    raw = env.get(HOSTENV_TIMEOUT)
-    if raw is None:
-        return FETCH_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= MAX_FETCH_TIMEOUT:
-        raise ConfigError(
-            "environment", HOSTENV_TIMEOUT, f"seconds, a number in (0, {MAX_FETCH_TIMEOUT:g}]", raw
-        )
-    return value
-
-
-def fetch(
-    path: Path, timeout: float | None = None, ancestors: Collection[int] | None = None
-) -> dict[str, str]:
-    """This host's environment from its `train` serving in `path`, retried until `timeout` (default:
-    SMHVD_HOSTENV_TIMEOUT, else FETCH_TIMEOUT seconds); HostEnvError if it cannot be had. A rank passes its
-    `ancestors`: only the train that started it may answer."""
-    if timeout is None:
-        timeout = fetch_timeout(os.environ)
-    return wait_until(
-        lambda: fetch_once(path, min(timeout, 5.0), ancestors),
-        what=f"this host's environment from its train ({path / ENV_SOCKET})",
-        timeout=timeout,
-        error=HostEnvError,
-    )

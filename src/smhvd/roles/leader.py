@@ -15,6 +15,7 @@ from pathlib import Path
 
 from smhvd.config.job import Job
 from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, Stopped
+from smhvd.hostenv_client import ssh_port
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv, display, plan_for
 from smhvd.mpi.hostfile import render_hostfile
 from smhvd.mpi.output import parse_mpirun_verdict
@@ -26,7 +27,7 @@ from smhvd.report import failure, summary
 from smhvd.report.stacks import StackDumper
 from smhvd.roles import hostenv
 from smhvd.roles.peers import WorkerLink, close_all, connect_all
-from smhvd.roles.sshd import render_ssh_config, ssh_port
+from smhvd.roles.sshd import render_ssh_config
 from smhvd.wire import RANK_ARGV, SERVED, RankFailure
 
 log = logging.getLogger("smhvd")

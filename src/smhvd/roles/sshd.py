@@ -1,6 +1,7 @@
 """sshd for worker hosts and the ssh client config the leader uses: generated per run, key-only.
 
-Readiness is the PidFile: sshd writes it only after its listening socket is bound.
+Readiness is the PidFile: sshd writes it only after its listening socket is bound. The port (SMHVD_SSH_PORT)
+is read by hostenv_client.ssh_port: a rank reads it too, to find its host's `train`.
 """
 
 from __future__ import annotations
@@ -9,23 +10,14 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from smhvd.errors import ConfigError, PeerError
+from smhvd.errors import PeerError
 from smhvd.proc.processes import die_with_parent
 from smhvd.proc.waiting import NotYet, wait_until
-from smhvd.wire import SSH_PORT
 
-DEFAULT_PORT = 22
 HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
-
-
-def ssh_port(env: Mapping[str, str]) -> int:
-    raw = env.get(SSH_PORT, str(DEFAULT_PORT))
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise ConfigError("environment", SSH_PORT, "a TCP port number (1-65535)", raw)
-    return int(raw)
 
 
 def render_sshd_config(port: int, host_keys: Sequence[Path], pid_file: Path) -> str:

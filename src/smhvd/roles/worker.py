@@ -22,6 +22,7 @@ from pathlib import Path
 from smhvd import wire
 from smhvd.config.job import Job
 from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, HostEnvError, PeerError, exit_status
+from smhvd.hostenv_client import ssh_port
 from smhvd.mpi.supervisor import stop_local_ranks
 from smhvd.proc.loop import Loop
 from smhvd.proc.processes import die_with_parent, kill_descendants
@@ -30,7 +31,7 @@ from smhvd.proc.timers import Timers
 from smhvd.proc.trust import LINK_SOCKET, directory, peer_credentials
 from smhvd.report import failure, stacks
 from smhvd.roles import hostenv
-from smhvd.roles.sshd import ssh_port, start_sshd
+from smhvd.roles.sshd import start_sshd
 
 log = logging.getLogger("smhvd")
 OUTSIDE_STOP_GRACE = 10.0  # a script outside MPI gets SIGTERM when the job ends, then SIGKILL after this
