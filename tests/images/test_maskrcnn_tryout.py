@@ -3,8 +3,10 @@ project's Mask R-CNN script) and docs/tensorpack-example.md's (tensorpack's own 
 the inputs the page makes (make_coco2017.py's 16 + 4 shapes of 160 px, make_standin_weights.py's stand-in of
 tensorpack's COCO model) with the page's hyperparameters, read from the page itself.
 
-What a test adds to the page's command: its own `--work` directory and `--network host` (as the tier's other
-jobs), its inputs' directory for `build/maskrcnn-tryout`, the image under test for `sagemaker-horovod:cpu`.
+What a test adds to the page's command: its own `--work` directory, `--network host` (as the tier's other
+jobs) and `--engine podman` (the tier's store; the page leaves the engine to the script's own choice), its own
+hyperparameters file for the page's, its inputs' directory for `build/maskrcnn-tryout`, the image under test
+for `sagemaker-horovod:cpu`.
 tensorpack's example is not part of this repository and cannot be fetched offline: its test runs when
 SMHVD_TENSORPACK_EXAMPLE names a copy of tensorpack/examples/FasterRCNN (the test makes the page's two-line
 change on its own copy), and is not collected otherwise (a run that cannot have the example skips nothing:
@@ -62,10 +64,13 @@ def run_page_job(
     hps, args = page_job(page)
     hps_file = work.parent / f"{work.name}-hps.json"
     hps_file.write_text(json.dumps(hps))
-    ours = {"hps.json": str(hps_file), PAGE_IMAGE: image.immutable, **replace}
+    page_hps = args[args.index("--hyperparameters") + 1]
+    # Two pages, two files: neither writes into the repository's root nor over the other's.
+    assert page_hps.startswith(f"{PAGE_INPUTS}/"), f"{page.name}: hyperparameters file {page_hps}"
+    ours = {page_hps: str(hps_file), PAGE_IMAGE: image.immutable, **replace}
     argv = [ours.get(arg, arg).replace(PAGE_INPUTS, str(inputs)) for arg in args]
     cmd = ["bash", str(REPO / "bin" / "local-train.sh"), *argv[:-1], "--work", str(work)]
-    cmd += ["--network", "host", argv[-1]]
+    cmd += ["--network", "host", "--engine", "podman", argv[-1]]
     start = time.monotonic()
     proc = subprocess.run(
         cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False
@@ -149,7 +154,7 @@ def tensorpack_example_tryout_runs_as_the_page_says(
         engine_env,
         inputs,
         work,
-        {"FasterRCNN": str(example)},
+        {f"{PAGE_INPUTS}/FasterRCNN": str(example)},
     )
     log = proc.stdout + proc.stderr
     assert "--config MODE_MASK=True MODE_FPN=True TRAINER=horovod" in log
