@@ -9,34 +9,19 @@ import argparse
 import json
 import logging
 import os
-import re
 import socket
 import sys
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 
 from smhvd.config.paths import SageMakerPaths
+from smhvd.env_options import EnvOptions, log_level, read_env_options
 from smhvd.errors import EX_SOFTWARE, EX_USAGE, ConfigError, LauncherError, Stopped
+from smhvd.proc import keeper
 from smhvd.proc.stopping import PreparationSignals, StopRequested
 from smhvd.report import failure
 
 log = logging.getLogger("smhvd")
-
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-LOG_LEVEL_EXPECTED = "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case) or a number from 0 to 50"
-
-
-def log_level(text: str) -> int:
-    """A logging level: a name in any case (WARN for WARNING) or a number from 0 to 50. Pure."""
-    name = text.strip().upper()
-    name = "WARNING" if name == "WARN" else name
-    if name in LOG_LEVELS:
-        return int(logging.getLevelName(name))
-    if re.fullmatch(r"[0-9]{1,2}", name) and int(name) <= logging.CRITICAL:
-        return int(name)
-    raise ValueError(f"expected {LOG_LEVEL_EXPECTED}, got {text!r}")
 
 
 def _log_level_arg(text: str) -> int:
@@ -75,18 +60,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def chosen_level(given: int | None, env: Mapping[str, str]) -> int | None:
+def chosen_level(given: int | None, env: EnvOptions) -> int | None:
     """The level asked for when `train` starts: `--log-level`, else SMHVD_LOG_LEVEL; None when neither says
-    (the job's sagemaker_container_log_level then applies, else INFO). ConfigError for a bad variable."""
-    if given is not None:
-        return given
-    raw = env.get("SMHVD_LOG_LEVEL", "").strip()
-    if not raw:
-        return None
-    try:
-        return log_level(raw)
-    except ValueError:
-        raise ConfigError("environment", "SMHVD_LOG_LEVEL", LOG_LEVEL_EXPECTED, raw) from None
+    (the job's sagemaker_container_log_level then applies, else INFO)."""
+    return env.log_level if given is None else given
 
 
 def set_level(level: int) -> None:
@@ -104,6 +81,7 @@ def configure_logging(level: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keeper.split()  # the launcher runs in a child, so that nothing of the job outlives this process
     PreparationSignals().install()  # first: a stop or SIGUSR1 may come at any time from here on
     try:
         return _main(sys.argv[1:] if argv is None else argv)
@@ -116,17 +94,17 @@ def _main(argv: list[str]) -> int:
         args = parse_args(argv)
     except SystemExit as exc:  # argparse already printed the usage line
         return EX_USAGE if exc.code else 0
-    bad_level: ConfigError | None = None
-    try:
-        level = chosen_level(args.log_level, os.environ)
+    bad_env: ConfigError | None = None
+    try:  # every SMHVD_* variable, read once here: a bad one is exit 78 before anything else
+        level = chosen_level(args.log_level, read_env_options(os.environ))
     except ConfigError as exc:  # reported below, once the log and the failure file can say it
-        level, bad_level = None, exc
+        level, bad_env = args.log_level, exc
     configure_logging(logging.INFO if level is None else level)
     paths = SageMakerPaths(args.base_dir) if args.base_dir else SageMakerPaths.from_env()
     if args.base_dir:
         os.environ["SAGEMAKER_BASE_DIR"] = str(args.base_dir)
-    if bad_level is not None:
-        return _failed(paths, bad_level)
+    if bad_env is not None:
+        return _failed(paths, bad_env)
     preflight = args.mode == "preflight"
     if preflight and not paths.resource_config.exists():  # a workstation: this machine as a one-host job
         with tempfile.TemporaryDirectory(prefix="smhvd-preflight-") as tmp:

@@ -2,22 +2,23 @@
 
 mpirun forwards the leader's variables to every rank; each host's `train` serves the environment it computed
 for the ranks on its host. The rank wrapper (rank.py) finds where its own host's `train` serves it
-(`rank_directory`), asks once (`fetch`: bounded retries, only the `train` that started it may answer) and
-merges (`merge`). Low on purpose: the rank imports this, not the roles nor the job's configuration.
+(`rank_directory`, by its SMHVD_SSH_PORT on a worker), asks once (`fetch`: bounded retries, within its
+SMHVD_HOSTENV_TIMEOUT; only the `train` that started it may answer) and merges (`merge`). Low on purpose:
+the rank imports this, not the roles nor the job's configuration.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
-from smhvd.errors import ConfigError, HostEnvError
+from smhvd.env_options import FETCH_TIMEOUT
+from smhvd.errors import HostEnvError
 from smhvd.proc.trust import ENV_SOCKET, connect_trusted, directory
 from smhvd.proc.waiting import NotYet, wait_until
-from smhvd.wire import HOSTENV_TIMEOUT, SERVED, SSH_PORT
+from smhvd.wire import SERVED
 
 # The variables that differ between hosts (environment.host_env sets them): per host, never the leader's.
 HOST_KEYS = frozenset(
@@ -33,18 +34,7 @@ HOST_KEYS = frozenset(
         "SM_CURRENT_INSTANCE_GROUP_HOSTS",
     }
 )
-DEFAULT_PORT = 22
-FETCH_TIMEOUT = 60.0
-MAX_FETCH_TIMEOUT = 86400.0
 _MAX_BYTES = 64 * 1024 * 1024
-
-
-def ssh_port(env: Mapping[str, str]) -> int:
-    """SMHVD_SSH_PORT: every worker's sshd port, which also names `train`'s private directory there."""
-    raw = env.get(SSH_PORT, str(DEFAULT_PORT))
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise ConfigError("environment", SSH_PORT, "a TCP port number (1-65535)", raw)
-    return int(raw)
 
 
 def rank_directory(env: Mapping[str, str], port: int) -> Path:
@@ -104,31 +94,12 @@ def fetch_once(path: Path, timeout: float, ancestors: Collection[int] | None = N
     return env
 
 
-def fetch_timeout(env: Mapping[str, str]) -> float:
-    """SMHVD_HOSTENV_TIMEOUT (seconds a rank waits for its host's environment), else FETCH_TIMEOUT; `train`
-    checks it at start (ConfigError: exit 78), so that no rank falls back on another value silently."""
-    raw = env.get(HOSTENV_TIMEOUT)
-    if raw is None:
-        return FETCH_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= MAX_FETCH_TIMEOUT:
-        raise ConfigError(
-            "environment", HOSTENV_TIMEOUT, f"seconds, a number in (0, {MAX_FETCH_TIMEOUT:g}]", raw
-        )
-    return value
-
-
 def fetch(
-    path: Path, timeout: float | None = None, ancestors: Collection[int] | None = None
+    path: Path, timeout: float = FETCH_TIMEOUT, ancestors: Collection[int] | None = None
 ) -> dict[str, str]:
-    """This host's environment from its `train` serving in `path`, retried until `timeout` (default:
-    SMHVD_HOSTENV_TIMEOUT, else FETCH_TIMEOUT seconds); HostEnvError if it cannot be had. A rank passes its
-    `ancestors`: only the train that started it may answer."""
-    if timeout is None:
-        timeout = fetch_timeout(os.environ)
+    """This host's environment from its `train` serving in `path`, retried until `timeout` (a rank: its
+    SMHVD_HOSTENV_TIMEOUT); HostEnvError if it cannot be had. A rank passes its `ancestors`: only the train
+    that started it may answer."""
     return wait_until(
         lambda: fetch_once(path, min(timeout, 5.0), ancestors),
         what=f"this host's environment from its train ({path / ENV_SOCKET})",

@@ -1,11 +1,14 @@
-"""How a launcher option is declared: once, as a field of its frozen options dataclass.
+"""How an option is declared: once, as a field of its frozen options dataclass, and how its value is read.
 
 `timeline: bool = option("horovod_timeline", False, flag, "Horovod timeline ...", sets=(...))` says
-everything about it: the hyperparameter's key, the field's type (its annotation), the default, how the value
-is read and bounded (a reader below, e.g. `integer(1, 1024)`), the variables it sets on every rank, and one
-line for the docs tables. `read_options` builds the dataclass from the hyperparameters, `option_env` gives the
-variables, and `declarations` lists them for the docs (dev/smhvd_dev/option_docs.py writes the tables).
-A field without a declaration is not a hyperparameter (the loader sets it, e.g. SDK v3's requirements file).
+everything about it: its key (a hyperparameter, or an environment variable: env_options.py), the field's type
+(its annotation), the default, how the value is read and bounded (a reader below, e.g. `integer(1, 1024)`),
+the variables it sets on every rank, and one line for the docs tables. `read_options` builds the dataclass
+from the hyperparameters (or the environment), `option_env` gives the variables, and `declarations` lists them
+for the docs (dev/smhvd_dev/option_docs.py writes the tables).
+A field without a declaration is not an option (the loader sets it, e.g. SDK v3's requirements file).
+
+The lowest layer (it knows nothing of the job): the rank wrapper reads its environment options with it too.
 """
 
 from __future__ import annotations
@@ -17,17 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from smhvd.config.sagemaker_files import optional_str
 from smhvd.errors import ConfigError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 SOURCE = "hyperparameters.json"
+ENVIRONMENT = "environment"  # the source the errors about an environment variable name
 T = TypeVar("T")
 D = TypeVar("D", bound="DataclassInstance")
-# A reader: the value as the decoded hyperparameters hold it, and its key (for errors) -> the typed value, or
-# None for "not set" (the field's default then applies). Bad input is one ConfigError naming the key.
+# A reader: the value as the decoded hyperparameters (or the environment) hold it, and its key (for errors) ->
+# the typed value, or None for "not set" (the field's default then applies). Bad input is one ConfigError
+# naming the source, the key and what was expected.
 Reader = Callable[[object, str], Any]
 _METADATA_KEY = "smhvd.option"
 
@@ -43,7 +47,7 @@ class Variable:
 
 @dataclass(frozen=True)
 class Option:
-    key: str  # the hyperparameter
+    key: str  # the hyperparameter (or the environment variable)
     read: Reader
     doc: str  # one line: docs/configuration.md's table
     shown_default: str | None = None  # the docs' default column when the default value does not say it
@@ -87,7 +91,7 @@ def option(
     sets: tuple[Variable, ...] = (),
     readme: str | None = None,
 ) -> T:
-    """A dataclass field that is the hyperparameter `key` (see the module's docstring)."""
+    """A dataclass field that is the option `key` (see the module's docstring)."""
     declared = Option(key, read, doc, shown_default, sets, readme)
     return dataclasses.field(default=default, metadata={_METADATA_KEY: declared})
 
@@ -102,7 +106,8 @@ def declarations(cls: type[DataclassInstance]) -> list[Declared]:
 
 
 def read_options(cls: type[D], reserved: Mapping[str, object]) -> D:
-    """The options dataclass from the decoded reserved hyperparameters, each value read and bounded."""
+    """The options dataclass from the decoded reserved hyperparameters (or the environment), each value read
+    and bounded."""
     values: dict[str, Any] = {d.field: d.option.value(reserved, d.default) for d in declarations(cls)}
     return cls(**values)
 
@@ -131,46 +136,59 @@ def flag(value: object, key: str) -> bool:
     raise ConfigError(SOURCE, key, "true or false", value)
 
 
-def _number(value: object, key: str, *, minimum: float, maximum: float, integer: bool) -> float | None:
+def _number(
+    value: object, key: str, *, minimum: float, maximum: float, integer: bool, source: str
+) -> float | None:
     """A finite number within [minimum, maximum]; None when the value is null or empty."""
     if value is None or value == "":
         return None
     kind = "an integer" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ConfigError(SOURCE, key, f"{kind} >= {minimum:g}", value)
+        raise ConfigError(source, key, f"{kind} >= {minimum:g}", value)
     try:
         number = float(value)  # "Infinity", "1e400" and 5000-digit strings give inf: refused below
     except (ValueError, OverflowError):
-        raise ConfigError(SOURCE, key, f"{kind} >= {minimum:g}", value) from None
+        raise ConfigError(source, key, f"{kind} >= {minimum:g}", value) from None
     if number > maximum:
-        raise ConfigError(SOURCE, key, f"{kind} <= {maximum:.12g}", value)
+        raise ConfigError(source, key, f"{kind} <= {maximum:.12g}", value)
     if not math.isfinite(number) or number < minimum or (integer and not number.is_integer()):
-        raise ConfigError(SOURCE, key, f"{kind} >= {minimum:g}", value)
+        raise ConfigError(source, key, f"{kind} >= {minimum:g}", value)
     return number
 
 
-def number(minimum: float, maximum: float) -> Reader:
+def number(minimum: float, maximum: float, source: str = SOURCE) -> Reader:
     """A finite number within [minimum, maximum]."""
 
     def read(value: object, key: str) -> float | None:
-        return _number(value, key, minimum=minimum, maximum=maximum, integer=False)
+        return _number(value, key, minimum=minimum, maximum=maximum, integer=False, source=source)
 
     return read
 
 
-def integer(minimum: int, maximum: int) -> Reader:
+def integer(minimum: int, maximum: int, source: str = SOURCE) -> Reader:
     """An integer within [minimum, maximum] (2.0 and "2" are 2; 1.5 is refused)."""
 
     def read(value: object, key: str) -> int | None:
-        found = _number(value, key, minimum=minimum, maximum=maximum, integer=True)
+        found = _number(value, key, minimum=minimum, maximum=maximum, integer=True, source=source)
         return None if found is None else int(found)
 
     return read
 
 
+def text(value: object, key: str, source: str = SOURCE, *, empty_is_none: bool = False) -> str | None:
+    """A string, None when null. An empty string is refused, or (empty_is_none: SDK v3's files write "" for a
+    field not set) taken as None."""
+    if value is None or (empty_is_none and value == ""):
+        return None
+    if not isinstance(value, str) or not value:
+        expected = "a string or null" if empty_is_none else "a non-empty string"
+        raise ConfigError(source, key, expected, value)
+    return value
+
+
 def string(value: object, key: str) -> str | None:
     """A non-empty string."""
-    return optional_str({key: value}, key, SOURCE)
+    return text(value, key)
 
 
 def choice(*choices: str) -> Reader:

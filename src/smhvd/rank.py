@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Callable, Mapping, MutableMapping
 
 from smhvd import hostenv_client, wire
+from smhvd.env_options import read_env_options
 from smhvd.errors import EX_NOT_STARTED, EX_UNAVAILABLE, EX_USAGE, LauncherError, exit_status
 from smhvd.proc.lines import Lines, Out, tag, write_all
 from smhvd.proc.loop import follow_output
@@ -55,8 +56,9 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
     environment cannot be had: a rank never runs with another host's identity."""
     if not env.get(SERVED):
         return dict(env)
-    path = hostenv_client.rank_directory(env, hostenv_client.ssh_port(env))
-    served = hostenv_client.fetch(path, ancestors=ancestors())  # only the train that started it
+    options = read_env_options(env)
+    path = hostenv_client.rank_directory(env, options.ssh_port)
+    served = hostenv_client.fetch(path, options.hostenv_timeout, ancestors())  # only its own train answers
     return hostenv_client.merge(env, served)
 
 

@@ -5,7 +5,7 @@
   why: docs/output.md);
 - the leader to each rank, in the environment: the program's argv (RANK_ARGV), whether lines are tagged
   (TAG_OUTPUT), whether to write records (OUTPUT_CHANNEL) and where the rank's host serves its environment
-  (SERVED); from the job's own environment, SSH_PORT and HOSTENV_TIMEOUT;
+  (SERVED); the variables set for the job that `train` and its ranks both read are env_options.py's;
 - the leader to each worker, over the link (`python -m smhvd.link` over ssh): JSON lines, `ready` first.
 """
 
@@ -50,11 +50,6 @@ OUTPUT_CHANNEL = "SMHVD_RANK_OUTPUT"
 RECORDS = "records"
 # Where each host's `train` serves its ranks' environment: the leader's own directory (roles/hostenv.py).
 SERVED = "SMHVD_HOSTENV"
-# Set for the job (the image, the estimator's environment) and read by `train` and by its ranks, which inherit
-# it: the port of every worker's sshd, which also names `train`'s private directory there (proc/trust.py), and
-# how long a rank waits for its host's environment (roles/hostenv.py).
-SSH_PORT = "SMHVD_SSH_PORT"
-HOSTENV_TIMEOUT = "SMHVD_HOSTENV_TIMEOUT"
 
 # The pre-flight (preflight/): the leader gives its probe what to check as JSON in PREFLIGHT_SPEC (forwarded
 # to every host like the job's own variables); each probe writes its findings to stdout as lines

@@ -3,7 +3,7 @@ import logging
 
 import pytest
 
-from smhvd.cli import configure_logging, log_level
+from smhvd.cli import configure_logging
 from smhvd.config.sagemaker_files import (
     InstanceGroup,
     ResourceConfig,
@@ -11,6 +11,7 @@ from smhvd.config.sagemaker_files import (
     parse_resource_config,
     read_json,
 )
+from smhvd.env_options import log_level
 from smhvd.errors import ConfigError
 
 # A current file (p4d, two hosts, instance group listing hosts out of order), an old one, SDK local mode.
@@ -134,14 +135,20 @@ def test_input_data_config_channels_sorted_and_validated():
         parse_input_data_config(json.loads('["train"]'))
 
 
-@pytest.mark.parametrize("raw", ["abc", "0", "70000", "22 "])
-def test_a_bad_ssh_port_is_a_configuration_error(raw):
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("abc", ">= 1"), ("0", ">= 1"), ("22.5", ">= 1"), ("70000", "<= 65535"), ("-22", ">= 1")],
+)
+def test_a_bad_ssh_port_is_a_configuration_error(raw, expected):
+    from smhvd.env_options import read_env_options
     from smhvd.errors import EX_CONFIG, ConfigError
-    from smhvd.hostenv_client import ssh_port
 
-    with pytest.raises(ConfigError, match=r"^environment: SMHVD_SSH_PORT: expected a TCP port number") as err:
-        ssh_port({"SMHVD_SSH_PORT": raw})
+    with pytest.raises(ConfigError) as err:
+        read_env_options({"SMHVD_SSH_PORT": raw})
+    assert str(err.value) == f"environment: SMHVD_SSH_PORT: expected an integer {expected}, got {raw!r}"
     assert err.value.exit_code == EX_CONFIG  # 78, like every other bad setting (it was 69, "unavailable")
+    assert read_env_options({"SMHVD_SSH_PORT": "2222"}).ssh_port == 2222
+    assert read_env_options({}).ssh_port == read_env_options({"SMHVD_SSH_PORT": ""}).ssh_port == 22
 
 
 @pytest.mark.parametrize(

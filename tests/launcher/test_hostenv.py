@@ -19,6 +19,7 @@ from smhvd.config.hardware import parse_route_device
 from smhvd.config.job import Hardware, Job, with_usable_interface
 from smhvd.config.launcher_options import parse_launcher_options
 from smhvd.config.sagemaker_files import parse_resource_config, read_json
+from smhvd.env_options import FETCH_TIMEOUT, read_env_options
 from smhvd.environment import host_env
 from smhvd.errors import ConfigError, HostEnvError
 from smhvd.proc import processes, trust
@@ -85,6 +86,7 @@ def port():
 SERVER = """
 import sys, time
 from smhvd import hostenv_client
+from smhvd.env_options import FETCH_TIMEOUT, read_env_options
 from smhvd.environment import host_env
 from smhvd.errors import ConfigError, HostEnvError
 from smhvd.proc import trust
@@ -467,9 +469,10 @@ def test_train_with_a_read_only_run_exits_73_in_one_line_naming_the_directory(tr
     )
 
 
-@pytest.mark.parametrize("raw", ["abc", "0", "-1", "nan", "inf", "1e9", ""])
+@pytest.mark.parametrize("raw", ["abc", "0", "-1", "nan", "inf", "1e9", "0.05"])
 def test_a_bad_hostenv_timeout_is_a_configuration_error_not_a_silent_default(raw):
-    with pytest.raises(ConfigError, match=r"environment: SMHVD_HOSTENV_TIMEOUT: expected seconds"):
-        hostenv_client.fetch_timeout({"SMHVD_HOSTENV_TIMEOUT": raw})
-    assert hostenv_client.fetch_timeout({"SMHVD_HOSTENV_TIMEOUT": "2.5"}) == 2.5
-    assert hostenv_client.fetch_timeout({}) == hostenv_client.FETCH_TIMEOUT
+    with pytest.raises(ConfigError, match=r"^environment: SMHVD_HOSTENV_TIMEOUT: expected a number [<>]= "):
+        read_env_options({"SMHVD_HOSTENV_TIMEOUT": raw})
+    assert read_env_options({"SMHVD_HOSTENV_TIMEOUT": "2.5"}).hostenv_timeout == 2.5
+    for unset in ({}, {"SMHVD_HOSTENV_TIMEOUT": ""}):  # empty: not set, as for a hyperparameter
+        assert read_env_options(unset).hostenv_timeout == FETCH_TIMEOUT

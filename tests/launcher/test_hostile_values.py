@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 import pytest
 
-from smhvd.cli import log_level
 from smhvd.config.hyperparameters import MAX_TOTAL_BYTES, decode_hyperparameters, to_script_args
 from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, MPI_DEFAULT_NAMES, parse_launcher_options
 from smhvd.config.sagemaker_files import parse_input_data_config, parse_resource_config, read_json
+from smhvd.env_options import LOG_LEVELS, log_level
 from smhvd.errors import ConfigError
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv, default_names, default_options
 from smhvd.mpi.supervisor import remove_session_dir, session_dirs
@@ -234,6 +235,11 @@ LEVELS += [(" critical ", 50), ("debug\n", 10), ("10", 10), ("0", 0), ("5", 5), 
 @pytest.mark.parametrize(("text", "level"), LEVELS)
 def test_log_levels_by_name_in_any_case_or_by_number(text, level):
     assert log_level(text) == level
+
+
+def test_the_level_names_are_loggings() -> None:
+    """env_options.py writes logging's levels out (the rank reads it, and does not import logging)."""
+    assert {name: logging.getLevelName(name) for name in LOG_LEVELS} == LOG_LEVELS
 
 
 ARABIC_TEN = "\u0661\u0660"  # digits int() would accept

@@ -20,8 +20,8 @@ from smhvd.config.launcher_options import (
     parse_launcher_options,
     split_mpi_options,
 )
-from smhvd.config.option_spec import declarations
 from smhvd.errors import ConfigError
+from smhvd.option_spec import declarations
 from smhvd_dev.mltree import sdk_encode
 
 

@@ -20,7 +20,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 # Bottom to top. A module is in the layer of its longest listed prefix.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("smhvd.errors", "smhvd.wire"),  # exit codes; what crosses process boundaries
+    ("smhvd.errors", "smhvd.wire", "smhvd.option_spec", "smhvd.env_options"),  # exit codes; what crosses
+    # process boundaries; how an option is declared and read, and the launcher's environment variables
     ("smhvd.proc", "smhvd.hostenv_client"),  # how processes run and are waited for; a rank's side of its
     # host's environment (low, so that the rank imports neither the roles nor the job's configuration)
     ("smhvd.config",),  # what the job is

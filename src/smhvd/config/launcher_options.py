@@ -1,6 +1,6 @@
 """The launcher's options, typed, from the reserved hyperparameters (sagemaker_, horovod_, launcher_ keys).
 
-Each option is declared once, as a field below (config/option_spec.py): its key, type, default, reader and
+Each option is declared once, as a field below (option_spec.py): its key, type, default, reader and
 bounds, the variables it sets on every rank and its line in the docs tables, which
 `python -m smhvd_dev.option_docs` writes from these declarations (a test fails when the docs differ).
 Unknown `horovod_*` and `launcher_*` keys are errors (a typo must not pass silently); unknown `sagemaker_*`
@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smhvd.config.mpi_defaults import MPI_DEFAULT_NAMES, user_names
-from smhvd.config.option_spec import (
+from smhvd.config.sagemaker_files import shown_key
+from smhvd.errors import ConfigError
+from smhvd.option_spec import (
     SOURCE,
     Declared,
     Variable,
@@ -36,8 +38,6 @@ from smhvd.config.option_spec import (
     when_given,
     when_on,
 )
-from smhvd.config.sagemaker_files import shown_key
-from smhvd.errors import ConfigError
 
 # Ranks per host (and in all, per host): at most this many. Open MPI reads -np as a C int (a larger value
 # wraps, e.g. to -1), and the largest SageMaker instances have 192 vCPUs and 8 GPUs: 1024 processes on one

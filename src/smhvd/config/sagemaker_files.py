@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from smhvd.errors import ConfigError
+from smhvd.option_spec import text
 
 # A host name goes into ssh and mpirun argv: letters, digits, dot, dash, underscore; never a leading dash.
 # Always matched with fullmatch: `$` would also match before a final newline ("algo-1\n").
@@ -139,15 +140,8 @@ def _host_list(value: object, source: str, key: str) -> tuple[str, ...]:
 def optional_str(
     data: Mapping[str, object], key: str, source: str, *, empty_is_none: bool = False
 ) -> str | None:
-    """The string at `key`, None when absent or null. An empty string is refused, or (empty_is_none: SDK v3's
-    files write "" for a field not set) taken as None."""
-    value = data.get(key)
-    if value is None or (empty_is_none and value == ""):
-        return None
-    if not isinstance(value, str) or not value:
-        expected = "a string or null" if empty_is_none else "a non-empty string"
-        raise ConfigError(source, key, expected, value)
-    return value
+    """The string at `key`, None when absent or null (option_spec.text says the rest)."""
+    return text(data.get(key), key, source, empty_is_none=empty_is_none)
 
 
 def parse_resource_config(data: object, source: str = "resourceconfig.json") -> ResourceConfig:

@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from smhvd.env_options import read_env_options
 from smhvd.errors import HostEnvError
-from smhvd.hostenv_client import fetch_timeout
 from smhvd.proc.loop import Loop
 from smhvd.proc.trust import (
     ENV_SOCKET,
@@ -48,13 +48,16 @@ from smhvd.proc.trust import (
     read_pid,
 )
 
-# The server, and the client's fetch_timeout, which launch.py checks at start through this module.
-__all__ = ["fetch_timeout", "leader_directory", "reclaim_leaders_leftovers", "serving"]
-
 BACKLOG = 4096  # every rank of a large host may ask at the same moment (the kernel caps it at somaxconn)
 SEND_TIMEOUT = 10.0  # a client that takes nothing of its answer for this long is dropped
 MAX_PENDING = 1024  # answers being sent at once; more connections wait in the listen queue
 _OWN_NAMES = (ENV_SOCKET, LINK_SOCKET, PID_FILE, PID_FILE + ".tmp")  # all `train` ever writes there
+
+
+def fetch_timeout(env: Mapping[str, str]) -> float:
+    """How long this host's ranks wait for its answer: SMHVD_HOSTENV_TIMEOUT (env_options.py; `train` has read
+    every environment option at start, cli.py)."""
+    return read_env_options(env).hostenv_timeout
 
 
 def leader_directory() -> Path:

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from smhvd.config.job import Job
+from smhvd.env_options import read_env_options
 from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, Stopped
-from smhvd.hostenv_client import ssh_port
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv, display, plan_for
 from smhvd.mpi.hostfile import render_hostfile
 from smhvd.mpi.output import parse_mpirun_verdict
@@ -133,7 +133,7 @@ def run_leader(
     dump_line: str | None = None
     with SignalWatch() as watch, hostenv.serving(served_from, host_env):
         if job.multi_host:
-            port = ssh_port(os.environ)
+            port = read_env_options(os.environ).ssh_port
             ssh_config = run_dir / "ssh_config"  # the links' and (several MPI hosts) orted's
             ssh_config.write_text(render_ssh_config(port, control_dir=run_dir))
             log.info(

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from smhvd import wire
 from smhvd.config.job import Job
+from smhvd.env_options import read_env_options
 from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, HostEnvError, PeerError, exit_status
-from smhvd.hostenv_client import ssh_port
 from smhvd.mpi.supervisor import stop_local_ranks
 from smhvd.proc.loop import Loop
 from smhvd.proc.processes import die_with_parent, kill_descendants
@@ -263,7 +263,7 @@ def run_worker(
 ) -> int:
     """`rank_env`: what this host's ranks get (its container's variables, its SM_* values; roles/hostenv.py).
     `outside`: (command, cwd) of the script a host outside the MPI instance groups runs once."""
-    port = ssh_port(os.environ)
+    port = read_env_options(os.environ).ssh_port
     leader = job.leader
     host = job.resources.current_host
     with SignalWatch() as watch, contextlib.ExitStack() as stack:
