@@ -48,7 +48,7 @@ class ConfigError(LauncherError):
 
 
 class SourceError(LauncherError):
-    """The training code (sagemaker_submit_directory) could not be fetched or unpacked."""
+    """The training code (sagemaker_submit_directory; SDK v3: source_dir) could not be fetched or unpacked."""
 
     exit_code = EX_NOINPUT
 

@@ -78,49 +78,46 @@ def fetch_source(source: Source, region: str | None) -> None:
     """Make source.code_dir hold the code. Nothing to do for a directory used in place."""
     if source.kind == "directory":
         return
+    key = source.origin.directory_key  # the key the user wrote (SDK v3: source_dir), for the errors
     with tempfile.TemporaryDirectory(prefix="smhvd-code-") as tmp:
         archive = Path(source.location)
         if source.kind == "s3":
             archive = Path(tmp) / "sourcedir.tar.gz"
-            download_s3(source.location, archive, region)
+            download_s3(source.location, archive, region, key)
         staging = Path(tmp) / "code"
-        extract_archive(archive, staging, source.location)
+        extract_archive(archive, staging, f"{key}: {source.location}")
         source.code_dir.mkdir(parents=True, exist_ok=True)
         shutil.copytree(staging, source.code_dir, dirs_exist_ok=True)
 
 
-def download_s3(uri: str, target: Path, region: str | None) -> None:
-    """Download in a child process (s3_download.py): a stop ends it, and its threads, at once."""
+def download_s3(uri: str, target: Path, region: str | None, key: str) -> None:
+    """Download in a child process (s3_download.py): a stop ends it, and its threads, at once. `key`: the
+    setting that named `uri`, for the error."""
     argv = [sys.executable, "-m", "smhvd.s3_download", uri, str(target), region or ""]
     result = run_step(argv)
     if result.returncode != 0:
         why = last_line(result.stderr, f"exit {result.returncode}")
-        raise SourceError(f"sagemaker_submit_directory: could not download {uri}: {why}")
+        raise SourceError(f"{key}: could not download {uri}: {why}")
 
 
 def extract_archive(archive: Path, target: Path, label: str) -> None:
-    """Unpack a tar(.gz), refusing members that would land outside the target or are not plain files/dirs."""
+    """Unpack a tar(.gz), refusing members that would land outside the target or are not plain files/dirs.
+    `label` begins each error: the setting that named the archive, and where it is."""
     try:
         with tarfile.open(archive) as tar:
             members = tar.getmembers()
             for member in members:
                 parts = PurePosixPath(member.name).parts
                 if PurePosixPath(member.name).is_absolute() or ".." in parts:
-                    raise SourceError(
-                        f"sagemaker_submit_directory: {label}: unsafe path in archive: "
-                        f"{shown_key(member.name)}"
-                    )
+                    raise SourceError(f"{label}: unsafe path in archive: {shown_key(member.name)}")
                 if not (member.isfile() or member.isdir()):
                     raise SourceError(
-                        f"sagemaker_submit_directory: {label}: only files and directories are allowed, "
-                        f"found {shown_key(member.name)}"
+                        f"{label}: only files and directories are allowed, found {shown_key(member.name)}"
                     )
             target.mkdir(parents=True, exist_ok=True)
             tar.extractall(target, members=members)  # noqa: S202  (members validated above)
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:  # EOFError: a truncated .tar.gz
-        raise SourceError(
-            f"sagemaker_submit_directory: {label}: not a readable tar archive ({exc})"
-        ) from None
+        raise SourceError(f"{label}: not a readable tar archive ({exc})") from None
 
 
 def program_path(source: Source) -> Path:

@@ -24,7 +24,8 @@ from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import parse_resource_config
 from smhvd.config.sdk_v3 import Distributed, SourceCode, V3Job
 from smhvd.environment import training_env
-from smhvd.errors import ConfigError
+from smhvd.errors import ConfigError, SourceError
+from smhvd.sourcecode import fetch_source, resolve_source
 from support.ci import need_root
 from tests.conftest import TRAIN
 
@@ -84,9 +85,11 @@ def test_distributed_as_v3_writes_it(text, expected):
 @pytest.mark.parametrize(
     ("data", "key"),
     [
-        ({"process_count_per_node": "2", "mpi_additional_options": None}, "process_count_per_node"),
+        ({"process_count_per_node": "two", "mpi_additional_options": None}, "process_count_per_node"),
         ({"process_count_per_node": 0, "mpi_additional_options": None}, "process_count_per_node"),
         ({"process_count_per_node": True, "mpi_additional_options": None}, "process_count_per_node"),
+        ({"process_count_per_node": 1.5, "mpi_additional_options": None}, "process_count_per_node"),
+        ({"process_count_per_node": [2], "mpi_additional_options": None}, "process_count_per_node"),
         ({"process_count_per_node": 1, "mpi_additional_options": "-x A"}, "mpi_additional_options"),
         ({"process_count_per_node": 1, "mpi_additional_options": [1]}, "mpi_additional_options"),
     ],
@@ -227,6 +230,26 @@ def test_a_source_dir_tarball_is_unpacked_by_the_launcher(tmp_path):
     assert v3 is not None
     job = with_sdk_v3(make_job(paths), v3)
     assert job.options.program.submit_directory == str(paths.channel_dir("code") / "code.tar.gz")
+
+
+@pytest.mark.parametrize("sdk", ["v2", "v3"])
+def test_an_unreadable_code_archive_is_named_by_the_key_the_user_wrote(tmp_path, sdk):
+    """A v3 user wrote source_dir: the error names it, not v2's sagemaker_submit_directory (it did)."""
+    source = json.loads(SOURCECODE_JSON) | {"source_dir": "/home/me/code.tar.gz"}
+    paths = write_v3_tree(tmp_path / "ml", sourcecode=json.dumps(source))
+    archive = paths.channel_dir("code") / "code.tar.gz"
+    archive.write_bytes(b"not a tar")
+    if sdk == "v3":
+        v3 = sdk_v3.load(paths)
+        assert v3 is not None
+        program, key = with_sdk_v3(make_job(paths), v3).options.program, "source_dir"
+    else:
+        hps = {"sagemaker_program": "train.py", "sagemaker_submit_directory": str(archive)}
+        program = make_job(paths, hps).options.program
+        key = "sagemaker_submit_directory"
+    with pytest.raises(SourceError) as err:
+        fetch_source(resolve_source(program, paths, {}), None)
+    assert str(err.value).startswith(f"{key}: {archive}: not a readable tar archive ("), err.value
 
 
 def test_env_for_scripts_written_for_v3(tmp_path):
@@ -540,6 +563,34 @@ def test_a_missing_code_channel_names_the_v3_file(tmp_path):
     paths.channel_dir("code").rmdir()
     line, _ = refused_by_train(paths)
     assert "sourcecode.json: source_dir: expected an existing directory or .tar.gz" in line
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        (0, "an integer >= 1"),
+        (True, "an integer >= 1"),
+        (2.5, "an integer >= 1"),
+        (1025, "an integer <= 1024"),
+    ],
+)
+def test_process_count_per_node_is_read_as_the_processes_per_host_hyperparameter(count, expected):
+    """One reader for both (option_spec.integer): the same values pass, the same errors, each naming its
+    file."""
+    with pytest.raises(ConfigError) as v3_error:
+        sdk_v3.parse_distributed(
+            {"process_count_per_node": count, "mpi_additional_options": None}, "/x/distributed.json"
+        )
+    assert (
+        str(v3_error.value)
+        == f"/x/distributed.json: process_count_per_node: expected {expected}, got {count!r}"
+    )
+    with pytest.raises(ConfigError) as v2_error:
+        parse_launcher_options({"sagemaker_mpi_num_of_processes_per_host": count})
+    assert v2_error.value.expected == expected
+    for same in (2, 2.0, "2"):  # as the hyperparameter takes them
+        parsed = sdk_v3.parse_distributed({"process_count_per_node": same, "mpi_additional_options": None})
+        assert parsed.process_count_per_node == 2 and type(parsed.process_count_per_node) is int
 
 
 def test_v3_and_v2_share_one_cap_on_processes_per_host():

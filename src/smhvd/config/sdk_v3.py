@@ -41,6 +41,7 @@ from smhvd.config.launcher_options import (
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import check_path, optional_str, read_json
 from smhvd.errors import ConfigError
+from smhvd.option_spec import integer
 
 log = logging.getLogger("smhvd")
 
@@ -130,11 +131,10 @@ def parse_distributed(data: object, source: str = DISTRIBUTED_JSON) -> Distribut
         return Distributed("none")
     if set(data) != {"process_count_per_node", "mpi_additional_options"}:
         return Distributed("other")
-    count = data["process_count_per_node"]
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
-        raise ConfigError(source, "process_count_per_node", "an integer >= 1 or null", count)
-    if count is not None and count > MAX_PROCESSES_PER_HOST:  # the bound the hyperparameter has
-        raise ConfigError(source, "process_count_per_node", f"an integer <= {MAX_PROCESSES_PER_HOST}", count)
+    # read and bounded as sagemaker_mpi_num_of_processes_per_host is (null: per-host default)
+    count = integer(1, MAX_PROCESSES_PER_HOST, source)(
+        data["process_count_per_node"], "process_count_per_node"
+    )
     options = data["mpi_additional_options"]
     if options is None:
         options = []
