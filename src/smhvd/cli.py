@@ -17,7 +17,7 @@ from pathlib import Path
 from smhvd.config.paths import SageMakerPaths
 from smhvd.env_options import EnvOptions, log_level, read_env_options
 from smhvd.errors import EX_SOFTWARE, EX_USAGE, ConfigError, LauncherError, Stopped
-from smhvd.proc.stopping import PreparationSignals, StopRequested
+from smhvd.proc.stopping import PreparationSignals
 from smhvd.report import failure
 
 log = logging.getLogger("smhvd")
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     PreparationSignals().install()  # first: a stop or SIGUSR1 may come at any time from here on
     try:
         return _main(sys.argv[1:] if argv is None else argv)
-    except StopRequested as exc:  # before the paths and the log were set up: nothing was started yet
+    except Stopped as exc:  # before the paths and the log were set up: nothing was started yet
         return exc.exit_code
 
 
@@ -124,7 +124,7 @@ def _launch(paths: SageMakerPaths, level: int | None, *, preflight: bool) -> int
         from .launch import launch  # imported here so that `train --help` is instant
 
         return launch(paths, job_log_level=set_level if level is None else None, preflight_only=preflight)
-    except (Stopped, StopRequested) as exc:
+    except Stopped as exc:
         log.warning("%s", exc)
         failure.write_failure(paths.failure_file, failure.compose(str(exc)))
         return exc.exit_code

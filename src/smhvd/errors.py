@@ -65,8 +65,11 @@ class PeerError(LauncherError):
     exit_code = EX_UNAVAILABLE
 
 
-class Stopped(LauncherError):
-    """SIGTERM (SageMaker's StopTrainingJob) or Ctrl-C arrived before the job started."""
+class Stopped(BaseException):
+    """A stop (SageMaker's StopTrainingJob: SIGTERM; Ctrl-C; a closed terminal) before the job started: raised
+    by the preparation's signal handler (proc/stopping.py) or by a role's event loop (peers, pre-flight).
+    A BaseException, as KeyboardInterrupt is: no `except Exception` on the way (logging's handlers have one)
+    may swallow it, or the stop would be lost. cli.py reports it as a stop (exit 143), not as an error."""
 
     exit_code = EX_STOPPED
 

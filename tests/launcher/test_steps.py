@@ -1,6 +1,6 @@
 """Preparation steps (proc/steps.py) with real processes: output kept, and nothing a step started left
 running, whether it exits, runs past its deadline, or is interrupted by a stop (an exception raised by a
-signal handler, as `train` raises StopRequested); and whatever a step writes to its TMPDIR is gone when
+signal handler, as `train` raises Stopped); and whatever a step writes to its TMPDIR is gone when
 its wait ends, however it ended."""
 
 from __future__ import annotations
@@ -43,20 +43,21 @@ LEAVES_HELPERS = textwrap.dedent(
 )
 
 
-# What `train` is when it runs a step: a child subreaper whose SIGTERM handler raises StopRequested in the
+# What `train` is when it runs a step: a child subreaper whose SIGTERM handler raises Stopped in the
 # main thread. argv: STEP_ARGV_JSON TIMEOUT ('' for none); prints the result as JSON.
 DRIVER = textwrap.dedent(
     """
     import json, signal, sys
     from smhvd.proc.processes import become_subreaper
     from smhvd.proc.steps import run_step
-    from smhvd.proc.stopping import PreparationSignals, StopRequested
+    from smhvd.errors import Stopped
+    from smhvd.proc.stopping import PreparationSignals
 
     become_subreaper()
     PreparationSignals().install()
     try:
         r = run_step(json.loads(sys.argv[1]), timeout=float(sys.argv[2]) if sys.argv[2] else None)
-    except StopRequested:
+    except Stopped:
         print(json.dumps({"stopped": True}))
     else:
         print(json.dumps({"returncode": r.returncode, "stdout": r.stdout.hex(), "stderr": r.stderr.hex()}))
@@ -174,7 +175,7 @@ def test_a_private_tmpdir_is_gone_however_its_block_ends(tmp_path):
     def interrupted() -> None:
         with private_tmpdir(tmp_path) as made:
             (made / "file").write_text("x")
-            raise KeyboardInterrupt  # as a stop raises StopRequested
+            raise KeyboardInterrupt  # as a stop raises Stopped
 
     with pytest.raises(KeyboardInterrupt):
         interrupted()

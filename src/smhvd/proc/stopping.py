@@ -1,4 +1,4 @@
-"""Signals before the job starts: a stop raises StopRequested wherever the preparation is; SIGUSR1 only says
+"""Signals before the job starts: a stop raises errors.Stopped wherever the preparation is; SIGUSR1 only says
 that there is nothing to dump yet.
 
 `train` installs PreparationSignals first thing; a role replaces them with its own event loop
@@ -13,20 +13,16 @@ import os
 import signal
 import time
 
-from smhvd.errors import EX_STOPPED
+from smhvd.errors import Stopped
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SageMaker's stop, Ctrl-C, a closed terminal
 
 
-class StopRequested(BaseException):
-    """A stop signal before the job started. A BaseException, as KeyboardInterrupt is: no `except Exception`
-    on the way (logging's handlers have one) may swallow it, or the stop would be lost."""
-
-    exit_code = EX_STOPPED
+StopRequested = Stopped  # launch.py's name for it, until launch.py says Stopped (one class: errors.Stopped)
 
 
 class PreparationSignals:
-    """Raise StopRequested in the main thread on the first stop signal: the preparation step in progress
+    """Raise Stopped in the main thread on the first stop signal: the preparation step in progress
     (code download, pip, the EFA probe: steps.py) is ended with its process tree, and the launcher then
     kills whatever else it started. Later stops while that unwinds are ignored, so they cannot interrupt the
     cleanup."""
@@ -43,12 +39,12 @@ class PreparationSignals:
         if self.stopped_by is not None:
             return
         self.stopped_by = signum
-        raise StopRequested(f"stopped by {signal.Signals(signum).name} before the job started")
+        raise Stopped(f"stopped by {signal.Signals(signum).name} before the job started")
 
     @staticmethod
     def _dump(_signum: int, _frame: object) -> None:
         # One write, not the logging module: a stop that arrives while this runs must not land in a logging
-        # handler's `except` (see StopRequested).
+        # handler's `except` (see errors.Stopped).
         line = (
             f"[smhvd {time.strftime('%H:%M:%S')}] INFO SIGUSR1: no rank is running yet (the job is being "
             "prepared): no stack dump to take\n"
