@@ -14,7 +14,7 @@ from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, MPI_DEFAULT_NA
 from smhvd.config.sagemaker_files import parse_input_data_config, parse_resource_config, read_json
 from smhvd.env_options import LOG_LEVELS, log_level
 from smhvd.errors import ConfigError
-from smhvd.mpi.command import MpiPlan, build_mpirun_argv, default_names, default_options
+from smhvd.mpi.command import MpiPlan, build_mpirun_argv, default_options
 from smhvd.mpi.supervisor import remove_session_dir, session_dirs
 from smhvd.rank import RANK_ARGV, program_argv
 from smhvd.report.failure import compose, write_failure
@@ -99,7 +99,7 @@ DOCUMENTED_DEFAULTS = {
 def test_every_default_name_can_be_dropped_and_nothing_else():
     every = MpiPlan(1, Path(), Path(), (), "eth0", Path(), yield_when_idle=True, hosts=129)
     given = {name for name, _ in default_options(every)} | {"NCCL_SOCKET_IFNAME"}  # -x, not an option
-    assert given == default_names() == MPI_DEFAULT_NAMES == DOCUMENTED_DEFAULTS  # the config layer's too
+    assert given == MPI_DEFAULT_NAMES == DOCUMENTED_DEFAULTS  # the names the config layer accepts
     settings = parse_launcher_options({"launcher_drop_mpi_defaults": ",".join(sorted(DOCUMENTED_DEFAULTS))})
     assert settings.mpi.drop_defaults == DOCUMENTED_DEFAULTS
     assert (

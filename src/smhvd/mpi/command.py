@@ -136,15 +136,6 @@ def default_options(plan: MpiPlan) -> list[tuple[str, list[str]]]:
     return [(d.name, [a.format_map(values) for a in d.argv]) for d in MPI_DEFAULTS if applies[d.when]]
 
 
-def default_names() -> frozenset[str]:
-    """Every name launcher_drop_mpi_defaults accepts: each default default_options can give (asked of a plan
-    with every optional default on)."""
-    every = MpiPlan(
-        1, Path(), Path(), (), "eth0", Path(), yield_when_idle=True, hosts=OMPI_RSH_CONCURRENT + 1
-    )
-    return frozenset(name for name, _ in default_options(every))
-
-
 def env_mca_keys(env: Mapping[str, str]) -> frozenset[str]:
     """MCA keys set through the environment (OMPI_MCA_btl_tcp_if_exclude=lo sets btl_tcp_if_exclude)."""
     return frozenset(k[len(MCA_ENV_PREFIX) :] for k in env if k.startswith(MCA_ENV_PREFIX))
