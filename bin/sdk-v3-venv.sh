@@ -8,9 +8,10 @@ set -euo pipefail
 
 usage() {
   cat <<USAGE
-usage: $(basename "$0") [--install] [DIR]
+usage: $(basename "$0") [--install] [--with-notebook] [DIR]
   DIR        where the venv (DIR/v3) is made (default: ./build/sdk)
   --install  apt-get install python3-venv when missing (needs root)
+  --with-notebook  also a Jupyter kernel and nbclient in the venv (to run examples/notebooks: make notebooks)
 Prints one line: PYTHON=<the venv's python>.
 USAGE
 }
@@ -24,4 +25,5 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv_args sdk-v3-venv.sh "$repo" "$@"
 venv=$dir/v3
 pinned_venv sdk-v3-venv.sh "$install" "$venv" "sagemaker==$SAGEMAKER_VERSION"
+[ "$notebook" = 0 ] || pinned_extra sdk-v3-venv.sh "$venv" "${NOTEBOOK_PINS[@]}"
 echo "PYTHON=$venv/bin/python"

@@ -8,9 +8,10 @@ set -euo pipefail
 
 usage() {
   cat <<USAGE
-usage: $(basename "$0") [--install] [--shims-only] [DIR]
+usage: $(basename "$0") [--install] [--with-notebook] [--shims-only] [DIR]
   DIR          where the venv (DIR/v2) and the shims (DIR/bin) are made (default: ./build/sdk)
   --install    apt-get install python3-venv when missing (needs root)
+  --with-notebook  also a Jupyter kernel and nbclient in the venv (to run examples/notebooks: make notebooks)
   --shims-only write the shims (or remove them, with a Docker daemon) and make no venv
 Prints two lines: PYTHON=<the venv's python> and SHIMS=<the directory to put first on PATH>.
 The engine is chosen as for bin/build.sh (docs/images.md, "Which engine, which store"): with a Docker daemon
@@ -38,8 +39,10 @@ done
 venv_args sdk-venv.sh "$repo" "${args[@]}"
 mkdir -p "$dir/bin"
 venv=$dir/v2
-[ "$shims_only" = 1 ] || \
+if [ "$shims_only" = 0 ]; then
   pinned_venv sdk-venv.sh "$install" "$venv" "sagemaker==$SAGEMAKER_VERSION" "podman-compose==$PODMAN_COMPOSE_VERSION"
+  [ "$notebook" = 0 ] || pinned_extra sdk-venv.sh "$venv" "${NOTEBOOK_PINS[@]}"
+fi
 
 rm -f "$dir/bin/docker" "$dir/bin/docker-compose"
 engine=""

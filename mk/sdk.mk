@@ -3,7 +3,7 @@
 # `docker-compose`, the SDK in its own venv (bin/sdk-venv.sh; never in .venv, its pins conflict with TensorFlow's).
 #   make sdk-local-demo                                   # MNIST on 2 local containers, prints the latencies
 #   make sdk-local-demo SDK_DEMO_ARGS='--epochs 2 --steps-per-epoch 100'
-.PHONY: sdk-venv sdk-local-demo
+.PHONY: sdk-venv sdk-local-demo notebooks
 
 SDK_DIR ?= $(REPO)/build/sdk
 SDK_DEMO_ARGS ?=
@@ -23,3 +23,9 @@ sdk-local-demo: ## SDK v2 local mode: TensorFlow(image_uri=our CPU image, instan
 	sdk=$$(bash bin/sdk-venv.sh --install $(SDK_DIR)); eval "$$sdk"; \
 	PATH="$$SHIMS:$$PATH" "$$PYTHON" examples/sdk_local_demo.py --image "$$(head -n 1 $(IMAGE_REFS_DIR)/cpu.refs | cut -d ' ' -f 1)" \
 	  --work $(REPO)/build/sdk-local-demo $(SDK_DEMO_ARGS)
+
+# Both notebooks (examples/notebooks), SDK v2 then v3, each in a Jupyter kernel of its SDK's venv, in local mode:
+# no AWS account, region or network. NOTEBOOKS_ARGS: see bin/run-notebooks.sh -h (e.g. --image REF).
+NOTEBOOKS_ARGS ?=
+notebooks: ## run both notebooks in local mode (SDK venvs + kernel, the CPU image, 2 containers); build/notebooks
+	bash bin/run-notebooks.sh $(NOTEBOOKS_ARGS)

@@ -1,10 +1,14 @@
-"""The MNIST notebooks (examples/notebooks/) run for real in local mode against the CPU image, so they never
-rot.
+"""The MNIST notebooks (examples/notebooks/) run for real, by the command a user types, `make notebooks`, so
+they never rot.
 
-Each notebook's code cells run in order, as one program, with the SDK's own python (SDK v2: bin/sdk-venv.sh,
-v3: bin/sdk-v3-venv.sh); after the cell tagged `parameters`, the test's values (the image under test, a short
-run, a container root of its own) are assigned, as papermill would. Local mode starts 2 containers of the
-image through the docker-compose shim (podman-compose); the notebook's last cell prints model.tar.gz's files.
+`make notebooks` (bin/run-notebooks.sh) makes the SDK venvs with a Jupyter kernel and executes both notebooks,
+SDK v2 first, each in its own venv's kernel (nbclient), in local mode: 2 containers of the image each, through
+the docker-compose shim (podman-compose). What the test adds is what a user may add: the image under test
+(`--image`, instead of building `sagemaker-horovod:cpu`), a short run (`--parameters`: the hyperparameters),
+and an output directory of its own. Nothing of AWS is configured: no keys, no region, no SDK config file (the
+notebooks set what local mode needs themselves), and TMPDIR is the test's, so the job files the notebooks'
+local mode makes are the test's to look at; every container and pod of those jobs must be gone at the end
+(the notebooks' last cell removes them).
 """
 
 from __future__ import annotations
@@ -16,84 +20,63 @@ from pathlib import Path
 
 import pytest
 
-from support.notebooks import NOTEBOOKS, notebook_program
-
-from .helpers import WORK, BuiltImage, record_timing, remove_compose_project
-from .test_sdk_local import sdk  # noqa: F401 (the fixtures of the SDK venvs, shared)
-from .test_sdk_v3_local import sdk_v3  # noqa: F401
+from .helpers import REPO, WORK, BuiltImage, compose_project_left, record_timing, remove_compose_project
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(1800)]
 
-# The SDKs' defaults config (under the test's HOME): no telemetry calls from a machine without internet
-SDK_DEFAULTS = "SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n"
-
-
-def run_notebook(name: str, python: str, env: dict[str, str], image: str, tmp: Path) -> str:
-    """Run the notebook in local mode; its output. The containers it made are removed afterwards."""
-    home, root = tmp / "home", tmp / "root"
-    (home / ".config" / "sagemaker").mkdir(parents=True)
-    (home / ".config" / "sagemaker" / "config.yaml").write_text(SDK_DEFAULTS)
-    root.mkdir()
-    parameters = {
-        "IMAGE": image,
-        "HYPERPARAMETERS": {"epochs": 1, "steps_per_epoch": 5, "batch_size": 32},
-        "CONTAINER_ROOT": str(root),
-    }
-    program = tmp / f"{name}.py"
-    program.write_text(notebook_program(NOTEBOOKS / f"{name}.ipynb", parameters))
-    run_env = {k: v for k, v in env.items() if not k.startswith("AWS_")} | {
-        "HOME": str(home),
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    started = time.monotonic()
-    try:
-        proc = subprocess.run(
-            [python, str(program)],
-            env=run_env,
-            cwd=NOTEBOOKS,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-    finally:
-        # the compose project is the directory of the compose file: v3 writes it in the root, v2 below it
-        projects = {p.parent.name for p in root.rglob("docker-compose.yaml")} | {root.name}
-        left = [c for project in projects for c in remove_compose_project(env, project)]
-    WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / f"notebook-{name}.log").write_text(proc.stdout)
-    record_timing(f"notebook-{name}", time.monotonic() - started, exit_code=proc.returncode)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert not left, f"left in the store: {left}"
-    return proc.stdout
+SHORT_RUN = {"HYPERPARAMETERS": {"epochs": 1, "steps_per_epoch": 5, "batch_size": 32}}
+V3_MARK = "run-notebooks.sh: mnist_sdk_v3.ipynb with "
 
 
 def model_files(output: str) -> list[str]:
     line = next(line for line in output.splitlines() if line.startswith("model files: "))
-    return json.loads(line.removeprefix("model files: ").replace("'", '"'))
+    return list(json.loads(line.removeprefix("model files: ").replace("'", '"')))
 
 
-def test_the_sdk_v2_notebook_trains_in_local_mode(
-    cpu_image: BuiltImage,
-    sdk: tuple[str, dict[str, str]],  # noqa: F811
-    tmp_path: Path,
+def test_make_notebooks_runs_both_in_local_mode_and_leaves_nothing(
+    cpu_image: BuiltImage, engine_env: dict[str, str], tmp_path: Path
 ) -> None:
-    python, env = sdk
-    out = run_notebook("mnist_sdk_v2", python, env, cpu_image.immutable, tmp_path)
-    assert "starting 2 processes" in out, out[-3000:]  # our launcher, one rank on each container
-    assert "-x NCCL_DEBUG=INFO" in out  # the samples' --NCCL_DEBUG=INFO, as mpirun takes it
-    assert "1/saved_model.pb" in model_files(out)
+    parameters = tmp_path / "parameters.json"
+    parameters.write_text(json.dumps(SHORT_RUN))
+    out, tmp = tmp_path / "notebooks", tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in engine_env.items() if not k.startswith("AWS_")} | {
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+        "TMPDIR": str(tmp),
+        "PYTHONUNBUFFERED": "1",
+    }
+    args = f"--image {cpu_image.immutable} --parameters {parameters} --out {out}"
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["make", "-s", "notebooks", f"NOTEBOOKS_ARGS={args}"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / "make-notebooks.log").write_text(proc.stdout)
+    record_timing("make-notebooks", time.monotonic() - started, exit_code=proc.returncode)
+    # The notebooks' local-mode jobs: a compose file each under their container roots (in TMPDIR).
+    projects = {p.parent.name for p in tmp.rglob("docker-compose.yaml")}
+    left = {project: compose_project_left(env, project) for project in projects}
+    for project in projects:
+        remove_compose_project(env, project)  # whatever the outcome: the store stays clean
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert len(projects) == 2, projects  # one job per notebook
+    assert not any(left.values()), f"the notebooks left these in the store: {left}"
 
-
-def test_the_sdk_v3_notebook_trains_in_local_mode(
-    cpu_image: BuiltImage,
-    sdk_v3: dict[str, str],  # noqa: F811
-    tmp_path: Path,
-) -> None:
-    out = run_notebook("mnist_sdk_v3", sdk_v3["SDK_PYTHON"], sdk_v3, cpu_image.immutable, tmp_path)
-    assert "starting 2 processes" in out, out[-3000:]
-    assert "1/saved_model.pb" in model_files(out)
+    v2, v3 = proc.stdout.split(V3_MARK, 1)
+    assert "starting 2 processes" in v2, v2[-3000:]  # our launcher, one rank on each container
+    assert "-x NCCL_DEBUG=INFO" in v2  # the samples' --NCCL_DEBUG=INFO, as mpirun takes it
+    assert "starting 2 processes" in v3, v3[-3000:]
+    for part in (v2, v3):
+        assert "1/saved_model.pb" in model_files(part)
+        assert "removed the containers of 1 local job(s)" in part
+        assert "Traceback" not in part, part[-3000:]  # e.g. telemetry calls that cannot reach AWS
+    for name in ("mnist_sdk_v2", "mnist_sdk_v3"):  # the executed notebooks, outputs included
+        assert (out / f"{name}.ipynb").is_file()
