@@ -92,6 +92,11 @@ pick_engine() {
   fi
   command -v "$engine" >/dev/null || { echo "$name: --engine $engine: $engine is not installed" >&2; exit 2; }
   if [ "$engine" = docker ]; then
+    if [ "$why" = "--engine docker" ] && ! timeout 30 docker info >/dev/null 2>&1; then
+      echo "$name: --engine docker: no daemon answers \`docker info\` (without --engine: podman with the" \
+        "project's store)" >&2
+      exit 2
+    fi
     engine_store="the Docker daemon's${DOCKER_HOST:+ at $DOCKER_HOST}"
   else
     use_project_store "$name"

@@ -222,6 +222,15 @@ def test_a_daemon_that_answers_is_used(env: dict[str, str], tmp_path: Path) -> N
     assert list((tmp_path / "sdk" / "bin").iterdir()) == []  # the SDK uses that docker itself
 
 
+def test_engine_docker_without_a_daemon_is_one_line(env: dict[str, str]) -> None:
+    proc = script(env, "build.sh", "--engine", "docker", "--dry-run", "cpu")
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "build.sh: --engine docker: no daemon answers `docker info` (without --engine: podman with the "
+        "project's store)\n"
+    )
+
+
 def test_an_unknown_engine_is_one_line(env: dict[str, str]) -> None:
     proc = script(env, "local-train.sh", "--engine", "buildah", "--dry-run", "x:1")
     assert proc.returncode == 2
