@@ -14,7 +14,8 @@ usage: $(basename "$0") [--suite SUITE] [--mirror URL] [--tag IMAGE] [--cache DI
   --tag     image name (default localhost/debian:SUITE)
   --cache   where the rootfs tarball is kept (default \${XDG_CACHE_HOME:-~/.cache}/smhvd/base-image)
   --force   rebuild the rootfs even if cached
-env: the podman configuration (see bin/daemonless-env.sh)
+The image goes into the project's podman store (bin/daemonless-env.sh, the one bin/build.sh uses without a
+Docker daemon), or the store the environment names (CONTAINERS_STORAGE_CONF).
 USAGE
 }
 
@@ -36,6 +37,11 @@ while [ $# -gt 0 ]; do
   shift
 done
 tag=${tag:-localhost/debian:$suite}
+
+# shellcheck source=bin/lib/engine.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/engine.sh"
+use_project_store make-base-image
+echo "make-base-image: store: $engine_store" >&2
 
 host_mirror() {
   # deb822 files ("URIs: http://...") and one-line files ("deb http://... suite main").
