@@ -17,6 +17,7 @@ from pathlib import Path
 from smhvd.config.paths import SageMakerPaths
 from smhvd.env_options import EnvOptions, log_level, read_env_options
 from smhvd.errors import EX_SOFTWARE, EX_USAGE, ConfigError, LauncherError, Stopped
+from smhvd.proc import keeper
 from smhvd.proc.stopping import PreparationSignals
 from smhvd.report import failure
 
@@ -80,6 +81,7 @@ def configure_logging(level: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keeper.split()  # the launcher runs in a child, so that nothing of the job outlives this process
     PreparationSignals().install()  # first: a stop or SIGUSR1 may come at any time from here on
     try:
         return _main(sys.argv[1:] if argv is None else argv)

@@ -260,15 +260,15 @@ def test_a_stop_at_any_moment_of_pip_leaves_nothing_in_tmpdir(train_job, local_p
 def test_what_a_train_killed_during_pip_left_in_tmpdir_is_removed_by_the_next_one(
     train_job, local_pip, tmp_path
 ):
-    """SIGKILL to `train` (nothing of it can clean up; pip dies with it) leaves the step's TMPDIR: the next
-    train's first step removes it, and that train leaves nothing."""
+    """SIGKILL to `train` (the launcher below it SIGKILLs pip at once, frozen or not: proc/keeper.py; nothing
+    cleans up) leaves the step's TMPDIR: the next train's first step removes it, and that train leaves
+    nothing."""
     job = train_job(SCRIPT)
     (job.code / "requirements.txt").write_text("smhvdtiny==1.0\n")
     train = start(job, local_pip)
     pip = freeze_at_moment(train, tmp_path / "tmp", PIP_MOMENTS.index("pip-unpack-"))
     train.kill()
     train.communicate()
-    os.kill(pip, signal.SIGCONT)  # it meets its parent's death where it was frozen
     wait_until(lambda: None if is_alive(pip) else True, what="pip to die", timeout=30)
     assert list((tmp_path / "tmp").iterdir())  # what the killed train left
     job = train_job("open('ran', 'w').write('ran')\n")

@@ -1,0 +1,108 @@
+"""`train` as two processes, so that nothing of a job outlives a `train` killed outright (SIGKILL).
+
+Every process of the job descends from the launcher, which is a child subreaper: what a process in between
+leaves behind (a rank's child in a session of its own, a daemonizing orted) is re-parented to the launcher,
+which ends it with the job. That holds while the launcher lives. Killed with SIGKILL it cannot act, and its
+orphans would go to init and run on: the ranks of a job that ignore SIGTERM (a script busy saving, or one
+that masks it), their children in sessions of their own, and with them the GPUs and the checkpoint
+directory the next job needs.
+
+So the process the user (or SageMaker) started is a keeper and the launcher is its child. The keeper does
+nothing but pass on every catchable signal sent to it and, when the launcher ends, exit as the launcher did
+(the same code, or the same signal). When the keeper dies, by SIGKILL or anything else, the kernel sends the
+launcher KEEPER_GONE (PR_SET_PDEATHSIG), and the launcher SIGKILLs every process below it at once and exits:
+the job is gone within END_BOUND_SECONDS, whatever its ranks do with SIGTERM. In a container `train` is
+PID 1, so the kernel ends everything when it dies anyway; this is for `train` run directly on a host (the
+demo, the GPU kit, a user's own machine).
+
+The launcher is put in a process group of its own: a signal sent to the keeper's group (Ctrl-C in a terminal,
+`timeout`, a shell's job control) reaches the keeper alone, which passes it on once. Two deliveries would be
+read as two stop requests, and the second kills at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from types import FrameType
+
+from smhvd.proc.processes import (
+    become_subreaper,
+    descendants_of,
+    die_with_parent,
+    read_process_table,
+    signal_pids,
+)
+
+KEEPER_GONE = signal.SIGRTMIN + 1  # the launcher's parent-death signal: not one anything else sends
+# Passed on from the keeper to the launcher: every signal a user or SageMaker may send that can be caught.
+PASSED_ON = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+    signal.SIGCONT,
+    signal.SIGWINCH,
+)
+END_BOUND_SECONDS = (
+    2  # what docs/signals say: a killed train's job is gone within this long (measured: 0.1 s)
+)
+_ROUNDS = 50  # SIGKILL rounds at most: each takes what was forked or re-parented since the last one
+
+
+def split() -> None:
+    """Fork: return in the child, which runs the launcher; in the parent keep the child until it ends and exit
+    as it did (never returns). Signals arriving during the fork wait, blocked, for their handler."""
+    keeper = os.getpid()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)
+    child = os.fork()
+    if child == 0:
+        os.setpgid(0, 0)
+        become_subreaper()
+        signal.signal(KEEPER_GONE, _end_the_job)
+        die_with_parent(KEEPER_GONE)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        if os.getppid() != keeper:  # the keeper died before the line above could take effect
+            _end_the_job(KEEPER_GONE, None)
+        return
+    for sig in PASSED_ON:
+        signal.signal(sig, lambda signum, _frame: _pass_on(child, signum))
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    _, status = os.waitpid(child, 0)  # a signal's handler runs, and the wait goes on (PEP 475)
+    exit_as(os.waitstatus_to_exitcode(status))
+
+
+def _pass_on(child: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: the wait returns next
+        os.kill(child, signum)
+
+
+def exit_as(code: int) -> None:
+    """End this process as the launcher ended: its exit code, or death by the same signal."""
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        os.kill(os.getpid(), -code)
+        code = 128 - code  # a signal that does not end a process by default (SIGCHLD, SIGWINCH...)
+    os._exit(code)
+
+
+def _end_the_job(_signum: int, _frame: FrameType | None) -> None:
+    """The keeper is gone: SIGKILL everything below, round after round (what a dying process forked, what
+    is re-parented here meanwhile), then exit. No report: whoever killed the keeper asked for this."""
+    me = os.getpid()
+    for _ in range(_ROUNDS):
+        table = read_process_table()
+        alive = [pid for pid in descendants_of(me, table) if table[pid][1] != "Z"]
+        if not alive:
+            break
+        signal_pids(reversed(alive), signal.SIGKILL)
+        for pid in alive:  # a wait on the kernel's word for the children killed, not a sleep
+            if table[pid][0] == me:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+    os._exit(128 + signal.SIGKILL)
