@@ -54,23 +54,24 @@ def code(cell: str) -> str:
 def test_the_mpirun_defaults_table_is_what_the_launcher_passes_and_when() -> None:
     rows = table(CONFIGURATION.read_text(), "| name | option | when | why |")
     base = MpiPlan(1, Path(), Path(), ())
-    multi = replace(base, interface="IFACE", ssh_config=Path("SSHCONFIG"), hosts=2)
+    multi = replace(base, interface="IFACE", ssh_config=Path("SSHCONFIG"), hosts=("algo-1", "algo-2"))
+    many = tuple(f"algo-{i}" for i in range(1, OMPI_RSH_CONCURRENT + 2))
     plans = {  # each condition of the table's "when" column, with the plan that meets it and the one before
         "always": (base, None),
         "ranks per host >= cores": (replace(base, yield_when_idle=True), base),
         "several hosts": (multi, base),
-        f"more than {OMPI_RSH_CONCURRENT} hosts": (replace(multi, hosts=OMPI_RSH_CONCURRENT + 1), multi),
+        f"more than {OMPI_RSH_CONCURRENT} hosts": (replace(multi, hosts=many), multi),
     }
     when = {}
     for condition, (plan, before) in plans.items():
         earlier = {name for name, _ in default_options(before)} if before else set()
         when |= {name: condition for name, _ in default_options(plan) if name not in earlier}
-    every = replace(multi, yield_when_idle=True, hosts=OMPI_RSH_CONCURRENT + 1)
+    every = replace(multi, yield_when_idle=True, hosts=many)
     shown = {
         name: shlex.join(argv)
         .replace("IFACE", "<interface>")
         .replace("SSHCONFIG", "<ssh config>")
-        .replace(str(every.hosts), "<hosts>")
+        .replace(str(len(every.hosts)), "<hosts>")
         for name, argv in default_options(every)
     }
     assert list(rows) == list(shown)  # every default, in the order mpirun gets them

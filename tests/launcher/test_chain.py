@@ -6,10 +6,13 @@ NCCL_SOCKET_IFNAME already set in the environment). The interface is `lo`, which
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from smhvd.config.job import Hardware, load_job
-from smhvd.mpi.command import build_mpirun_argv, plan_for
+from smhvd.mpi.command import MpiPlan, build_mpirun_argv, plan_for
 from smhvd_dev.mltree import write_ml_tree
 
 PROGRAM = ("/venv/bin/python", "-m", "smhvd.rank")
@@ -72,3 +75,29 @@ def test_two_hosts_with_a_custom_exclude_list_a_dropped_default_and_the_users_nc
         "-x", "NCCL_SOCKET_IFNAME", "-x", "PATH",
         "--mca", "btl_tcp_if_exclude", "docker0", "--report-bindings", *PROGRAM,
     ]  # fmt: skip
+
+
+def plan_of(tmp_path: Path, hosts: tuple[str, ...]) -> MpiPlan:
+    paths = write_ml_tree(
+        tmp_path / "ml",
+        current_host=hosts[0],
+        hosts=hosts,
+        network_interface_name="lo",
+        hyperparameters={"sagemaker_program": "train.py", "sagemaker_mpi_num_of_processes_per_host": 3},
+    )
+    return plan_for(load_job(paths, HARDWARE), PROGRAM, {}, Path("/run/smhvd"), Path("/opt/ml/code"))
+
+
+def test_the_plan_owns_the_hostfile_and_the_one_multi_host_decision(tmp_path: Path) -> None:
+    one = plan_of(tmp_path / "one", ("algo-1",))
+    assert (one.multi_host, one.hostfile, one.hostfile_text) == (
+        False,
+        Path("/run/smhvd/hostfile"),
+        "localhost slots=3\n",
+    )
+    assert one.ssh_config is None and one.interface is None
+    two = plan_of(tmp_path / "two", ("algo-2", "algo-1"))
+    assert (two.multi_host, two.hostfile_text) == (True, "algo-1 slots=3\nalgo-2 slots=3\n")
+    assert two.ssh_config == Path("/run/smhvd/ssh_config") and two.interface == "lo"
+    with pytest.raises(ValueError, match="ssh config"):
+        replace(two, ssh_config=None)

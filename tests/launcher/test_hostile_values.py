@@ -97,7 +97,8 @@ DOCUMENTED_DEFAULTS = {
 
 
 def test_every_default_name_can_be_dropped_and_nothing_else():
-    every = MpiPlan(1, Path(), Path(), (), "eth0", Path(), yield_when_idle=True, hosts=129)
+    hosts = tuple(f"algo-{i}" for i in range(1, 130))
+    every = MpiPlan(1, Path(), Path(), (), "eth0", Path(), yield_when_idle=True, hosts=hosts)
     given = {name for name, _ in default_options(every)} | {"NCCL_SOCKET_IFNAME"}  # -x, not an option
     assert given == MPI_DEFAULT_NAMES == DOCUMENTED_DEFAULTS  # the names the config layer accepts
     settings = parse_launcher_options({"launcher_drop_mpi_defaults": ",".join(sorted(DOCUMENTED_DEFAULTS))})

@@ -54,6 +54,7 @@ def test_multi_host_argv_uses_the_interface_and_ssh_config():
         ssh_config=Path("/run/ssh_config"),
         yield_when_idle=True,
         forward=("PATH",),
+        hosts=("algo-1", "algo-2"),
     )
     assert build_mpirun_argv(plan) == [
         "mpirun",
@@ -200,7 +201,12 @@ def test_forwarded_names_allow_list_never_credentials_unless_asked():
     assert "SECRET_THING" not in with_creds and "HOME" not in with_creds
 
 
+def hosts(count: int) -> tuple[str, ...]:
+    return tuple(f"algo-{i}" for i in range(1, count + 1))
+
+
 def two_hosts(**kw):
+    kw.setdefault("hosts", hosts(2))
     return MpiPlan(
         num_processes=2,
         hostfile=Path("/run/h"),
@@ -275,11 +281,15 @@ def test_values_of_user_options_are_not_taken_for_option_names():
 
 def test_above_open_mpis_128_concurrent_launches_every_host_is_launched_at_once():
     # Open MPI starts at most plm_rsh_num_concurrent (128) orteds at a time; larger jobs get all at once.
-    assert "plm_rsh_num_concurrent" not in mca(build_mpirun_argv(two_hosts(hosts=128)))
-    assert mca(build_mpirun_argv(two_hosts(hosts=200)))["plm_rsh_num_concurrent"] == "200"
-    own = build_mpirun_argv(two_hosts(hosts=200, custom_options=("--mca", "plm_rsh_num_concurrent", "16")))
+    assert "plm_rsh_num_concurrent" not in mca(build_mpirun_argv(two_hosts(hosts=hosts(128))))
+    assert mca(build_mpirun_argv(two_hosts(hosts=hosts(200))))["plm_rsh_num_concurrent"] == "200"
+    own = build_mpirun_argv(
+        two_hosts(hosts=hosts(200), custom_options=("--mca", "plm_rsh_num_concurrent", "16"))
+    )
     assert own.count("plm_rsh_num_concurrent") == 1 and mca(own)["plm_rsh_num_concurrent"] == "16"
-    dropped = build_mpirun_argv(two_hosts(hosts=200, drop_defaults=frozenset({"plm_rsh_num_concurrent"})))
+    dropped = build_mpirun_argv(
+        two_hosts(hosts=hosts(200), drop_defaults=frozenset({"plm_rsh_num_concurrent"}))
+    )
     assert "plm_rsh_num_concurrent" not in dropped
 
 

@@ -1,8 +1,9 @@
 """The launcher's mpirun defaults, declared once: each one's name, its arguments and when it applies.
 
 The name is what `launcher_drop_mpi_defaults` takes (launcher_options validates it here, in the config layer)
-and what a user's own option replaces; mpi/command.default_options gives the arguments for a plan, filling
-`{interface}`, `{ssh_config}` and `{hosts}` from it.
+and what a user's own option replaces, as do the options declared beside it that Open MPI refuses with it
+(`overridden_names`); mpi/command.default_options gives the arguments for a plan, filling `{interface}`,
+`{ssh_config}` and `{hosts}` from it.
 """
 
 from __future__ import annotations
@@ -22,19 +23,59 @@ class MpiDefault:
     name: str
     argv: tuple[str, ...]
     when: When = "always"
+    # Besides the default's own name, the names (mpirun options without dashes, MCA keys) whose presence
+    # among the user's own options replaces it: the MCA parameter behind the same option, and what Open MPI
+    # refuses beside it: "Conflicting directives for mapping/binding policy" (checked with Open MPI 4.1:
+    # --rankfile, --ppr, --bynode, --bind-to-core, --bind-to-socket exit 1 next to --map-by/--bind-to), and
+    # the include/exclude interface lists, which ompi_info documents as mutually exclusive.
+    conflicts: frozenset[str] = frozenset()
 
 
 MPI_DEFAULTS = (
     # hosts' cores are the scripts' business (and TF's threads)
-    MpiDefault("bind-to", ("--bind-to", "none")),
-    MpiDefault("map-by", ("--map-by", "slot")),
+    MpiDefault(
+        "bind-to",
+        ("--bind-to", "none"),
+        conflicts=frozenset({"hwloc_base_binding_policy", "bind-to-core", "bind-to-socket", "bind-to-none"}),
+    ),
+    MpiDefault(
+        "map-by",
+        ("--map-by", "slot"),
+        conflicts=frozenset(
+            {
+                "rmaps_base_mapping_policy",
+                "rankfile",
+                "rmaps_rank_file_path",
+                "ppr",
+                "npernode",
+                "pernode",
+                "npersocket",
+                "bynode",
+                "byslot",
+                "bycore",
+                "bysocket",
+                "byboard",
+                "rmaps_base_bynode",
+            }
+        ),
+    ),
     MpiDefault("orte_abort_on_non_zero_status", ("--mca", "orte_abort_on_non_zero_status", "1")),
     MpiDefault(
         "odls_base_sigkill_timeout", ("--mca", "odls_base_sigkill_timeout", "0")
     ),  # abort in ms, not 1-3 s
     MpiDefault("mpi_yield_when_idle", ("--mca", "mpi_yield_when_idle", "1"), "ranks_fill_cores"),
-    MpiDefault("btl_tcp_if_include", ("--mca", "btl_tcp_if_include", "{interface}"), "interface"),
-    MpiDefault("oob_tcp_if_include", ("--mca", "oob_tcp_if_include", "{interface}"), "interface"),
+    MpiDefault(
+        "btl_tcp_if_include",
+        ("--mca", "btl_tcp_if_include", "{interface}"),
+        "interface",
+        frozenset({"btl_tcp_if_exclude"}),
+    ),
+    MpiDefault(
+        "oob_tcp_if_include",
+        ("--mca", "oob_tcp_if_include", "{interface}"),
+        "interface",
+        frozenset({"oob_tcp_if_exclude"}),
+    ),
     # NCCL picks its own interface otherwise (docker0 or lo on some hosts); a forwarded value wins.
     MpiDefault("NCCL_SOCKET_IFNAME", ("-x", "NCCL_SOCKET_IFNAME={interface}"), "interface"),
     MpiDefault("plm_rsh_args", ("--mca", "plm_rsh_args", "-F {ssh_config}"), "ssh"),
@@ -74,3 +115,10 @@ def user_names(custom: Sequence[str]) -> set[str]:
         i += 1
     names.discard("")
     return names
+
+
+def overridden_names(custom: Sequence[str], env_mca: frozenset[str] = frozenset()) -> set[str]:
+    """What the user's own options (and the MCA keys the job's environment sets) replace: the defaults they
+    set or conflict with, and every name they set (a `-x NAME` replaces a default variable of that name)."""
+    given = user_names(custom) | env_mca
+    return {d.name for d in MPI_DEFAULTS if given & (d.conflicts | {d.name})} | given

@@ -4,8 +4,12 @@ Defaults are named. A user option in `sagemaker_mpi_custom_mpi_options` (or an `
 the job's environment) that sets the same thing as a default, or a thing Open MPI refuses beside it,
 replaces the default instead of contradicting it: `--mca btl_tcp_if_exclude lo` drops our
 `btl_tcp_if_include` (Open MPI accepts only one of the two, and with both the ranks cannot reach each
-other), `--rankfile` or `--npernode` drop our `--map-by`, and so on (RELATED).
-`launcher_drop_mpi_defaults` removes defaults by name.
+other), `--rankfile` or `--npernode` drop our `--map-by`, and so on (each default's `conflicts`,
+config/mpi_defaults.py). `launcher_drop_mpi_defaults` removes defaults by name.
+
+The plan owns the hostfile (its hosts, its slots, its path) and the one decision whether mpirun spans hosts
+(`MpiPlan.multi_host`): the interface, ssh and many-hosts defaults, the leader's hostfile, the pre-flight's
+and the stack dumps all follow it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from smhvd.config.launcher_options import MCA_ENV_PREFIX
-from smhvd.config.mpi_defaults import MPI_DEFAULTS, user_names
+from smhvd.config.mpi_defaults import MPI_DEFAULTS, overridden_names
+from smhvd.mpi.hostfile import render_hostfile
 
 if TYPE_CHECKING:
     from smhvd.config.job import Job
@@ -71,42 +76,13 @@ AWS_CREDENTIAL_NAMES = (
     "AWS_SHARED_CREDENTIALS_FILE",
 )
 
-# For each default, the names (mpirun options without dashes, MCA keys) whose presence among the user's own
-# options replaces it. Each set holds the default's own name, the MCA parameter behind the same option, and
-# what Open MPI refuses beside it: "Conflicting directives for mapping/binding policy" (checked with Open MPI
-# 4.1: --rankfile, --ppr, --bynode, --bind-to-core, --bind-to-socket exit 1 next to --map-by/--bind-to), and
-# the include/exclude interface lists, which ompi_info documents as mutually exclusive.
-RELATED: dict[str, frozenset[str]] = {
-    "bind-to": frozenset(
-        {"bind-to", "hwloc_base_binding_policy", "bind-to-core", "bind-to-socket", "bind-to-none"}
-    ),
-    "map-by": frozenset(
-        {
-            "map-by",
-            "rmaps_base_mapping_policy",
-            "rankfile",
-            "rmaps_rank_file_path",
-            "ppr",
-            "npernode",
-            "pernode",
-            "npersocket",
-            "bynode",
-            "byslot",
-            "bycore",
-            "bysocket",
-            "byboard",
-            "rmaps_base_bynode",
-        }
-    ),
-    "btl_tcp_if_include": frozenset({"btl_tcp_if_include", "btl_tcp_if_exclude"}),
-    "oob_tcp_if_include": frozenset({"oob_tcp_if_include", "oob_tcp_if_exclude"}),
-}
+LOCAL_HOSTS = ("localhost",)  # a one-host job's hostfile: mpirun starts no orted over ssh
 
 
 @dataclass(frozen=True)
 class MpiPlan:
     num_processes: int
-    hostfile: Path
+    hostfile: Path  # where the hostfile is written (`hostfile_text`)
     workdir: Path
     program: tuple[str, ...]
     interface: str | None = None  # multi-host: the resourceconfig network interface
@@ -116,7 +92,23 @@ class MpiPlan:
     custom_options: tuple[str, ...] = ()
     drop_defaults: frozenset[str] = frozenset()
     env_mca: frozenset[str] = frozenset()  # MCA keys the job's environment sets (OMPI_MCA_<key>)
-    hosts: int = 1  # MPI hosts: mpirun starts an orted on each of the others over ssh
+    # The hostfile's hosts, the leader first: the MPI hosts, or LOCAL_HOSTS. mpirun starts an orted on each
+    # of the others over ssh.
+    hosts: tuple[str, ...] = LOCAL_HOSTS
+    slots: int = 1  # ranks per host: the hostfile's `slots=N`
+
+    def __post_init__(self) -> None:
+        if self.multi_host and self.ssh_config is None:
+            raise ValueError(f"a plan over {len(self.hosts)} hosts needs the ssh config that starts orted")
+
+    @property
+    def multi_host(self) -> bool:
+        """mpirun spans hosts: the one place this is decided, from the hostfile's hosts."""
+        return len(self.hosts) > 1
+
+    @property
+    def hostfile_text(self) -> str:
+        return render_hostfile(self.hosts, self.slots)
 
 
 OMPI_RSH_CONCURRENT = 128  # Open MPI's own plm_rsh_num_concurrent
@@ -128,24 +120,17 @@ def default_options(plan: MpiPlan) -> list[tuple[str, list[str]]]:
     applies = {
         "always": True,
         "ranks_fill_cores": plan.yield_when_idle,
-        "interface": bool(plan.interface),
-        "ssh": plan.ssh_config is not None,
-        "many_hosts": plan.ssh_config is not None and plan.hosts > OMPI_RSH_CONCURRENT,
+        "interface": plan.multi_host and bool(plan.interface),
+        "ssh": plan.multi_host,
+        "many_hosts": plan.multi_host and len(plan.hosts) > OMPI_RSH_CONCURRENT,
     }
-    values = {"interface": plan.interface, "ssh_config": plan.ssh_config, "hosts": plan.hosts}
+    values = {"interface": plan.interface, "ssh_config": plan.ssh_config, "hosts": len(plan.hosts)}
     return [(d.name, [a.format_map(values) for a in d.argv]) for d in MPI_DEFAULTS if applies[d.when]]
 
 
 def env_mca_keys(env: Mapping[str, str]) -> frozenset[str]:
     """MCA keys set through the environment (OMPI_MCA_btl_tcp_if_exclude=lo sets btl_tcp_if_exclude)."""
     return frozenset(k[len(MCA_ENV_PREFIX) :] for k in env if k.startswith(MCA_ENV_PREFIX))
-
-
-def overridden_names(custom: Sequence[str], env_mca: frozenset[str] = frozenset()) -> set[str]:
-    """Names of the defaults that the user's own options replace."""
-    given = user_names(custom) | env_mca
-    replaced = {name for name, related in RELATED.items() if given & related}
-    return replaced | given
 
 
 def plan_for(
@@ -166,7 +151,8 @@ def plan_for(
         custom_options=job.options.mpi.custom_options,
         drop_defaults=job.options.mpi.drop_defaults,
         env_mca=env_mca_keys(env),
-        hosts=len(job.mpi_hosts) if multi else 1,
+        hosts=job.mpi_hosts if multi else LOCAL_HOSTS,
+        slots=job.processes_per_host,
     )
 
 

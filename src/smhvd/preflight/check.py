@@ -60,8 +60,8 @@ def run_preflight(
     """Probe every MPI host (this one alone on a one-host job), log the table and the verdict line; a stop
     (`signals`) ends it with Stopped."""
     options = job.options.preflight
-    several = job.mpi_multi_host
-    hosts = job.mpi_hosts if several else (job.resources.current_host,)
+    several = plan.multi_host
+    hosts = plan.hosts if several else (job.resources.current_host,)
     argv = probe_argv(plan, hosts, run_dir) if several else probe_program()
     log.info("pre-flight of %d host(s) (up to %gs)", len(hosts), options.timeout)
     collected, seconds = run_probes(

@@ -27,7 +27,6 @@ from typing import Any
 
 from smhvd.errors import Stopped
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv
-from smhvd.mpi.hostfile import render_hostfile
 from smhvd.mpi.output import ABORT_SIGNS, first_sentence
 from smhvd.proc.loop import Loop
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe
@@ -49,17 +48,18 @@ def probe_program() -> list[str]:
 
 def probe_argv(plan: MpiPlan, hosts: Sequence[str], run_dir: Path) -> list[str]:
     """The job's mpirun command line (its transport, interfaces and the user's options), one probe a host."""
-    hostfile = run_dir / "preflight-hostfile"
-    hostfile.write_text(render_hostfile(list(hosts), 1))
     probe = dataclasses.replace(
         plan,
         num_processes=len(hosts),
-        hostfile=hostfile,
+        hostfile=run_dir / "preflight-hostfile",
+        hosts=tuple(hosts),
+        slots=1,
         workdir=Path("/"),
         program=tuple(probe_program()),
         forward=tuple(sorted({*plan.forward, PREFLIGHT_SPEC})),
         yield_when_idle=True,  # one probe a host; where hosts share cores, a wait must not hold one
     )
+    probe.hostfile.write_text(probe.hostfile_text)
     return build_mpirun_argv(probe)
 
 

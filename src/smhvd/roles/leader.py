@@ -17,7 +17,6 @@ from smhvd.config.job import Job
 from smhvd.env_options import read_env_options
 from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, Stopped
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv, display, plan_for
-from smhvd.mpi.hostfile import render_hostfile
 from smhvd.mpi.output import parse_mpirun_verdict
 from smhvd.mpi.supervisor import STOP_DUMP_WAIT, Dumps, Outcome, supervise
 from smhvd.preflight.check import run_preflight
@@ -125,8 +124,7 @@ def run_leader(
     served_from = hostenv.leader_directory()
     command, env = mpirun_rank_command(program, {**env, SERVED: str(served_from)})
     plan = plan_for(job, command, env, run_dir, code_dir)
-    hosts = list(job.mpi_hosts) if job.mpi_multi_host else ["localhost"]
-    plan.hostfile.write_text(render_hostfile(hosts, job.processes_per_host))
+    plan.hostfile.write_text(plan.hostfile_text)
     links: list[WorkerLink] = []
     verdict: Verdict | None = None
     outcome: Outcome | None = None
@@ -185,7 +183,7 @@ def _run_mpirun(
     argv = build_mpirun_argv(plan)
     log.info("starting %d processes: %s", plan.num_processes, display(argv))
     stacks = StackDumper(
-        job.resources.current_host, job.paths.output_data_dir, job.mpi_hosts[1:], plan.ssh_config
+        job.resources.current_host, job.paths.output_data_dir, plan.hosts[1:], plan.ssh_config
     )
     outcome = supervise(
         argv,
