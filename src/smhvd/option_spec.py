@@ -105,6 +105,15 @@ def declarations(cls: type[DataclassInstance]) -> list[Declared]:
     ]
 
 
+def key_of(cls: type[DataclassInstance], field: str) -> str:
+    """The key declared for `field` of an options dataclass, for code and errors that name an option: the
+    declaration is the one place a key is written (KeyError for a field that declares none)."""
+    for d in declarations(cls):
+        if d.field == field:
+            return d.option.key
+    raise KeyError(f"{cls.__name__}.{field} declares no option")
+
+
 def read_options(cls: type[D], reserved: Mapping[str, object]) -> D:
     """The options dataclass from the decoded reserved hyperparameters (or the environment), each value read
     and bounded."""

@@ -1,4 +1,6 @@
+import ast
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -20,8 +22,9 @@ from smhvd.config.launcher_options import (
     parse_launcher_options,
     split_mpi_options,
 )
+from smhvd.env_options import env_declarations
 from smhvd.errors import ConfigError
-from smhvd.option_spec import declarations
+from smhvd.option_spec import declarations, key_of
 from smhvd_dev.mltree import sdk_encode
 
 
@@ -212,6 +215,27 @@ def test_each_option_is_declared_once_with_a_reserved_key():
     assert parse_launcher_options({}) == LauncherOptions(
         ProgramOptions(), MpiOptions(), LauncherOwnOptions(), HorovodOptions()
     )
+
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "smhvd"
+DECLARING = {SRC / "config" / "launcher_options.py", SRC / "env_options.py"}
+
+
+def test_no_option_key_is_written_outside_its_declaration():
+    """Code and errors that name an option take its declared key (key_of), so a renamed key cannot leave a
+    stale copy behind: no string constant in src/smhvd equal to a key, but in the declaring modules."""
+    keys = {d.option.key for d in [*all_declarations(), *env_declarations()]}
+    written = sorted(
+        f"{path.relative_to(SRC)}:{node.lineno}: {node.value}"
+        for path in SRC.rglob("*.py")
+        if path not in DECLARING
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in keys
+    )
+    assert written == []
+    assert key_of(MpiOptions, "num_processes") == "sagemaker_mpi_num_processes"
+    with pytest.raises(KeyError, match="ProgramOptions.origin declares no option"):
+        key_of(ProgramOptions, "origin")
 
 
 def test_the_variables_an_option_sets_are_the_ones_it_declares(tmp_path):

@@ -15,7 +15,7 @@ from smhvd.config import sdk_v3
 from smhvd.config.hardware import interface_names, num_cpus, num_gpus, route_interface
 from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters, to_script_args
 from smhvd.config.instance_groups import Placement, placement
-from smhvd.config.launcher_options import LauncherOptions, parse_launcher_options
+from smhvd.config.launcher_options import LauncherOptions, MpiOptions, parse_launcher_options
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import (
     Channel,
@@ -26,6 +26,7 @@ from smhvd.config.sagemaker_files import (
     read_json,
 )
 from smhvd.errors import ConfigError, WaitTimeout
+from smhvd.option_spec import key_of
 from smhvd.proc.waiting import NotYet, wait_until
 
 log = logging.getLogger("smhvd")
@@ -184,7 +185,7 @@ def validate_job(job: Job, interfaces: set[str]) -> None:
     if mpi.enabled and job.num_processes > job.processes_per_host * len(job.mpi_hosts):
         raise ConfigError(
             "hyperparameters.json",
-            "sagemaker_mpi_num_processes",
+            key_of(MpiOptions, "num_processes"),
             f"at most {job.processes_per_host * len(job.mpi_hosts)} "
             f"({job.processes_per_host} per host x {len(job.mpi_hosts)} hosts)",
             job.num_processes,

@@ -27,6 +27,7 @@ from smhvd.option_spec import (
     declarations,
     flag,
     integer,
+    key_of,
     names,
     names_of,
     number,
@@ -51,6 +52,10 @@ LEADER_TIMEOUT = 900.0  # worker: how long to wait for the leader to start (laun
 MAX_FUSION_THRESHOLD_MB = 1024 * 1024  # 1 TiB
 MAX_CYCLE_TIME_MS = 3_600_000.0
 HOROVOD_LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+# The keys of the code's origin, written here once: CodeOrigin's defaults name them before ProgramOptions
+# (which holds a CodeOrigin) declares them.
+PROGRAM_KEY = "sagemaker_program"
+SUBMIT_DIRECTORY_KEY = "sagemaker_submit_directory"
 
 
 @dataclass(frozen=True)
@@ -58,8 +63,8 @@ class CodeOrigin:
     """The file and keys that named the program and its code, for the errors about them."""
 
     file: str = SOURCE
-    program_key: str = "sagemaker_program"
-    directory_key: str = "sagemaker_submit_directory"
+    program_key: str = PROGRAM_KEY
+    directory_key: str = SUBMIT_DIRECTORY_KEY
     requirements_key: str | None = None  # the key that named the requirements file (then it must exist)
 
     @property
@@ -76,14 +81,14 @@ class ProgramOptions:
     """What runs, and where its code comes from."""
 
     program: str | None = option(
-        "sagemaker_program",
+        PROGRAM_KEY,
         None,
         string,
         "the entry point, relative to the code directory (`.py`: run with the venv's Python; `.sh`: bash)",
         shown_default="env `SAGEMAKER_PROGRAM`",
     )
     submit_directory: str | None = option(
-        "sagemaker_submit_directory",
+        SUBMIT_DIRECTORY_KEY,
         None,
         string,
         "a local directory (used in place), a local `.tar.gz` / `file://`, or `s3://bucket/key.tar.gz` "
@@ -356,7 +361,7 @@ def all_declarations() -> list[Declared]:
     return [d for group in GROUPS for d in declarations(group)]
 
 
-def split_mpi_options(text: object, key: str = "sagemaker_mpi_custom_mpi_options") -> tuple[str, ...]:
+def split_mpi_options(text: object, key: str = key_of(MpiOptions, "custom_options")) -> tuple[str, ...]:
     if text in (None, ""):
         return ()
     if not isinstance(text, str):
@@ -387,7 +392,7 @@ OUTPUT_OPTIONS = frozenset(
 
 OUTPUT_REFUSED = (
     "no option that changes how mpirun writes the ranks' output (the launcher reads it; "
-    "launcher_tag_output=false gives untagged lines)"
+    f"{key_of(LauncherOwnOptions, 'tag_output')}=false gives untagged lines)"
 )
 MCA_ENV_PREFIX = "OMPI_MCA_"  # Open MPI reads MCA parameter KEY from the variable OMPI_MCA_KEY
 

@@ -21,9 +21,11 @@ from pathlib import Path
 
 from smhvd import wire
 from smhvd.config.job import Job
+from smhvd.config.launcher_options import LauncherOwnOptions
 from smhvd.env_options import read_env_options
 from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, HostEnvError, PeerError, exit_status
 from smhvd.mpi.supervisor import stop_local_ranks
+from smhvd.option_spec import key_of
 from smhvd.proc.loop import Loop
 from smhvd.proc.processes import die_with_parent, kill_descendants
 from smhvd.proc.signals import SignalWatch
@@ -111,7 +113,7 @@ class LinkWaiter:
     def _not_started(self) -> None:
         raise PeerError(
             f"the leader {self.leader} did not start the job within {self.start_timeout:g}s "
-            f"(launcher_leader_timeout_seconds)"
+            f"({key_of(LauncherOwnOptions, 'leader_timeout')})"
         )
 
     def _leader_silent(self) -> None:
