@@ -8,6 +8,7 @@ _LocalContainer._write_config_files); tests/images/test_sdk_v3_local.py runs the
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from smhvd.config import sdk_v3
 from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters, to_script_args
 from smhvd.config.instance_groups import Placement
 from smhvd.config.job import Hardware, Job, load_job, with_sdk_v3
-from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, parse_launcher_options
+from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, OUTPUT_REFUSED, parse_launcher_options
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import parse_resource_config
 from smhvd.config.sdk_v3 import Distributed, SourceCode, V3Job
@@ -98,6 +99,50 @@ def test_bad_distributed_names_file_and_key(data, key):
     with pytest.raises(ConfigError) as err:
         sdk_v3.parse_distributed(data, "/x/distributed.json")
     assert err.value.source == "/x/distributed.json" and err.value.key == key
+
+
+def refusal_of_v2(tokens: list[str]) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        parse_launcher_options({"sagemaker_mpi_custom_mpi_options": shlex.join(tokens)})
+    return err.value
+
+
+def refusal_of_v3(tokens: list[str]) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        sdk_v3.parse_distributed(
+            {"process_count_per_node": None, "mpi_additional_options": tokens}, "/x/distributed.json"
+        )
+    return err.value
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        ["--xml"],
+        ["-x", "A=1", "-timestamp-output"],
+        ["--merge-stderr-to-stdout"],
+        ["--mca", "orte_xml_output", "1"],
+        ["--output-filename=/x"],
+        ["-mca", "iof_base_redirect_app_stderr_to_stdout", "1"],
+    ],
+)
+@pytest.mark.parametrize(
+    ("refusal", "source", "key"),
+    [
+        (refusal_of_v2, "hyperparameters.json", "sagemaker_mpi_custom_mpi_options"),
+        (refusal_of_v3, "/x/distributed.json", "mpi_additional_options"),
+    ],
+    ids=["v2", "v3"],
+)
+def test_one_checker_refuses_output_options_from_either_sdk_naming_the_users_key(
+    tokens, refusal, source, key
+):
+    """The same output-format options are refused (exit 78) from v2's custom_mpi_options and v3's
+    mpi_additional_options (before, v3 let --xml through to break the log), each naming the file and the
+    key the user wrote, with the same expectation."""
+    error = refusal(tokens)
+    assert (error.source, error.key) == (source, key)
+    assert error.expected == OUTPUT_REFUSED
 
 
 @pytest.mark.parametrize(

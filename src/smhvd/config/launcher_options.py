@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from smhvd.config.hyperparameters import MAX_TOTAL_BYTES, carriable
 from smhvd.config.mpi_defaults import MPI_DEFAULT_NAMES, user_names
 from smhvd.config.sagemaker_files import shown_key
 from smhvd.errors import ConfigError
@@ -370,8 +371,7 @@ def split_mpi_options(text: object, key: str = key_of(MpiOptions, "custom_option
         tokens = shlex.split(text)
     except ValueError as exc:
         raise ConfigError(SOURCE, key, f"options quoted as in a shell ({exc})", text) from None
-    refuse_output_options(tokens, SOURCE, key)
-    return _toolkit_nccl_debug(tokens, key)
+    return _toolkit_nccl_debug(list(checked_mpi_tokens(tokens, SOURCE, key)), key)
 
 
 # mpirun options (and their MCA parameters) that change how mpirun writes the ranks' output, which the
@@ -397,12 +397,23 @@ OUTPUT_REFUSED = (
 MCA_ENV_PREFIX = "OMPI_MCA_"  # Open MPI reads MCA parameter KEY from the variable OMPI_MCA_KEY
 
 
-def refuse_output_options(tokens: Sequence[str], source: str, key: str) -> None:
-    """ConfigError naming `source` and `key` when mpirun options from it (v2's custom options, v3's
-    mpi_additional_options) change how mpirun writes the ranks' output. Pure."""
+def checked_mpi_tokens(tokens: Sequence[str], source: str, key: str) -> tuple[str, ...]:
+    """The user's mpirun arguments from any source, checked alike: v2's custom options (once split with
+    shlex) and v3's mpi_additional_options. Each argument can be carried to exec (no NUL, valid Unicode:
+    `key[i]`), none changes how mpirun writes the ranks' output, and all fit beside the hyperparameters'
+    bound; every ConfigError names `source` and the `key` the user wrote. Pure."""
+    for i, token in enumerate(tokens):
+        if not carriable(token):
+            raise ConfigError(source, f"{key}[{i}]", "an argument without NUL or lone surrogates", token)
     refused = sorted(user_names(tokens) & OUTPUT_OPTIONS)
     if refused:
         raise ConfigError(source, key, OUTPUT_REFUSED, refused[0])
+    size = sum(len(token.encode()) + 1 for token in tokens)
+    if size > MAX_TOTAL_BYTES:  # what the hyperparameters (and so v2's custom options) may hold in all
+        raise ConfigError(
+            source, key, f"mpirun arguments of at most {MAX_TOTAL_BYTES} bytes in all, not {size}"
+        )
+    return tuple(tokens)
 
 
 def refuse_output_env(env: Mapping[str, str]) -> None:

@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from smhvd.config.hyperparameters import MAX_TOTAL_BYTES, carriable, option_args
+from smhvd.config.hyperparameters import option_args
 from smhvd.config.launcher_options import (
     MAX_PROCESSES_PER_HOST,
     CodeOrigin,
     LauncherOptions,
-    refuse_output_options,
+    checked_mpi_tokens,
 )
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import check_path, optional_str, read_json
@@ -140,20 +140,7 @@ def parse_distributed(data: object, source: str = DISTRIBUTED_JSON) -> Distribut
         options = []
     if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
         raise ConfigError(source, "mpi_additional_options", "a list of mpirun arguments or null", options)
-    for i, option in enumerate(options):
-        if not carriable(option):
-            raise ConfigError(
-                source, f"mpi_additional_options[{i}]", "an argument without NUL or lone surrogates", option
-            )
-    refuse_output_options(options, source, "mpi_additional_options")
-    size = sum(len(option.encode()) + 1 for option in options)
-    if size > MAX_TOTAL_BYTES:  # what the hyperparameters (and so v2's custom options) may hold in all
-        raise ConfigError(
-            source,
-            "mpi_additional_options",
-            f"mpirun arguments of at most {MAX_TOTAL_BYTES} bytes in all, not {size}",
-        )
-    return Distributed("mpi", count, tuple(options))
+    return Distributed("mpi", count, checked_mpi_tokens(options, source, "mpi_additional_options"))
 
 
 def load(paths: SageMakerPaths) -> V3Job | None:
