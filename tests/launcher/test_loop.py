@@ -12,7 +12,7 @@ import time
 import pytest
 
 from smhvd.proc.loop import Loop, follow_output
-from smhvd.proc.timers import Timers
+from smhvd.proc.timers import Timer, Timers
 
 # Writes to both streams, leaves a child holding them open (writing nothing), and exits.
 LEAVES_A_CHILD = (
@@ -107,3 +107,50 @@ def test_nothing_is_handled_after_stop_and_a_forgotten_file_is_skipped() -> None
     finally:
         for fd in (r1, w1, r2, w2):
             os.close(fd)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.integration
+def test_a_forgotten_process_exit_holds_no_fd() -> None:
+    """exit_of + forget, 100 times on one loop (as a leader's retried ssh attempts): the fds held do not grow
+    (before forget closed the pidfd: 100 more, one a process until the loop ended)."""
+    with Loop() as loop:
+        before = open_fds()
+        for _ in range(100):
+            proc = subprocess.Popen(["true"])
+            pidfd = loop.exit_of(proc.pid, loop.stop)
+            loop.run()
+            loop.forget(pidfd)
+            proc.wait()
+        assert open_fds() == before
+        watched = loop.exit_of(os.getpid(), loop.stop)  # one still watched is held, until the loop ends
+        assert open_fds() == before + 1
+    assert not _is_open(watched)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.integration
+def test_follow_outputs_deadline_leaves_the_callers_timers_alone() -> None:
+    """The caller's own timers go on beside follow_output's deadline, whatever they are called: before, a
+    caller's "deadline" was replaced by follow_output's (never fired) and cancelled at its end."""
+    timers = Timers()
+    fired: list[str] = []
+    soon = time.monotonic() + 0.05
+    timers.at("deadline", soon, lambda: fired.append("caller's deadline"))
+    timers.at(Timer("deadline"), soon, lambda: fired.append("caller's handle"))
+    proc = subprocess.Popen(["sleep", "0.5"])
+    try:
+        assert follow_output(proc.pid, [], lambda fd, chunk: None, timers, deadline=time.monotonic() + 60)
+    finally:
+        proc.wait()
+    assert sorted(fired) == ["caller's deadline", "caller's handle"]

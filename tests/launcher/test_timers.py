@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from smhvd.mpi.output import StderrFilter
 from smhvd.mpi.supervisor import ABORT_GRACE, KILL_GRACE, Dumps, HungAbort
-from smhvd.proc.timers import Timers
+from smhvd.proc.timers import Timer, Timers
 
 
 class Clock:
@@ -130,3 +130,17 @@ def test_an_mpirun_that_exits_in_its_grace_is_left_alone() -> None:
     running[0] = False
     clock.run_until(timers, 1100.0)
     assert done == [] and not hung.ended and not hung.gave_up
+
+
+def test_handles_with_one_label_are_two_timers() -> None:
+    """A handle is its own timer, whatever its label: two owners on one loop cannot replace each other's."""
+    clock = Clock()
+    timers = Timers(clock)
+    fired: list[str] = []
+    mine, theirs = Timer("deadline"), Timer("deadline")
+    timers.after(mine, 1.0, lambda: fired.append("mine"))
+    timers.after(theirs, 2.0, lambda: fired.append("theirs"))
+    timers.cancel(Timer("deadline"))  # a third handle cancels nothing of the others
+    assert timers.pending(mine) and timers.pending(theirs)
+    clock.run_until(timers, 1000.0 + 3)
+    assert fired == ["mine", "theirs"] and not timers.pending(mine)

@@ -32,6 +32,7 @@ from smhvd.proc.loop import Loop
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.steps import end_tree, last_line
+from smhvd.proc.timers import Timer
 from smhvd.wire import PREFLIGHT_BEAT, PREFLIGHT_MARK, PREFLIGHT_SPEC
 
 from .verdict import Findings
@@ -200,8 +201,8 @@ def run_probes(
             loop.exit_of(proc.pid, exited)
             if signals is not None:
                 loop.reader(signals, check_stop)
-            loop.timers.every("silence", PREFLIGHT_BEAT / 2, lambda: collected.check(limit))
-            loop.timers.at("bound", started + timeout, loop.stop)
+            loop.timers.every(Timer("silence check"), PREFLIGHT_BEAT / 2, lambda: collected.check(limit))
+            loop.timers.at(Timer("pre-flight bound"), started + timeout, loop.stop)
             loop.run()
     except _Silent:
         pass

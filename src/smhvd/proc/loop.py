@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Protocol
 
 from smhvd.proc.processes import drain_pipe
-from smhvd.proc.timers import Timers
+from smhvd.proc.timers import Timer, Timers
 
 
 class HasFileno(Protocol):
@@ -38,12 +38,12 @@ File = int | HasFileno
 
 
 class Loop:
-    """A context manager: the pidfds it opened are closed when it ends."""
+    """A context manager: the pidfds it opened and has not forgotten yet are closed when it ends."""
 
     def __init__(self, timers: Timers | None = None) -> None:
         self.timers = Timers() if timers is None else timers
         self._sel = selectors.DefaultSelector()
-        self._pidfds: list[int] = []
+        self._pidfds: set[int] = set()  # open: those not forgotten yet
         self._stopped = False
 
     def __enter__(self) -> Loop:
@@ -70,13 +70,18 @@ class Loop:
         self._sel.register(file, selectors.EVENT_WRITE, callback)
 
     def forget(self, file: File) -> None:
+        """Stop watching `file`; a pidfd of `exit_of` is closed too (the caller's own files stay open)."""
         self._sel.unregister(file)
+        if isinstance(file, int) and file in self._pidfds:
+            self._pidfds.discard(file)
+            os.close(file)
 
     def exit_of(self, pid: int, callback: Callable[[], object]) -> int:
         """Call `callback` when the child `pid` has exited (it stays a zombie until its owner reaps it). The
-        pidfd, to `forget` it by (it stays open until the loop ends)."""
+        pidfd, to `forget` it by: forgetting closes it (else the loop's end does), so a loop that watches
+        many processes in turn (a worker's ssh attempts, retried) holds one fd a process it still watches."""
         fd = os.pidfd_open(pid)
-        self._pidfds.append(fd)
+        self._pidfds.add(fd)
         self._sel.register(fd, selectors.EVENT_READ, callback)
         return fd
 
@@ -121,6 +126,7 @@ def follow_output(
     came first. `timers`: what else the wait does meanwhile."""
     open_fds = set(fds)
     exited = False
+    ends = Timer("follow_output deadline")  # its own handle: the caller's timers (`timers`) keep theirs
     with Loop(timers) as loop:
 
         def read(fd: int) -> None:
@@ -140,10 +146,9 @@ def follow_output(
             loop.reader(fd, functools.partial(read, fd))
         loop.exit_of(pid, exit_)
         if deadline is not None:
-            loop.timers.at("deadline", deadline, loop.stop)
+            loop.timers.at(ends, deadline, loop.stop)
         loop.run()
-        if deadline is not None:
-            loop.timers.cancel("deadline")
+        loop.timers.cancel(ends)
     if exited:
         for fd in sorted(open_fds):
             for chunk in drain_pipe(fd):

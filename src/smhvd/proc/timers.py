@@ -1,6 +1,12 @@
-"""The timers of one event loop: named deadlines, each with its callback. The loop waits (in select) at most
-until the earliest deadline, then fires what is due; a callback may set timers again (a heartbeat re-arms
-itself). The clock is a parameter: tests drive a loop's timers with a fake one.
+"""The timers of one event loop: deadlines, each with its callback and a handle (`Timer`) to set it again or
+cancel it by. The loop waits (in select) at most until the earliest deadline, then fires what is due; a
+callback may set its timer again (a heartbeat re-arms itself). The clock is a parameter: tests drive a loop's
+timers with a fake one.
+
+Handles compare by identity: two owners of timers on one loop (follow_output's deadline and its caller's own
+timers, the supervisor's and its dumps') cannot replace each other's, whatever their labels. A plain name
+(str) is still taken, the older form, for the callers that have yet to move to handles (mpi/supervisor.py,
+rank.py); two owners that pick the same name on one Timers replace each other's timer.
 """
 
 from __future__ import annotations
@@ -9,33 +15,49 @@ import time
 from collections.abc import Callable
 
 
+class Timer:
+    """A handle on one timer of a Timers (set, set again, cancelled, asked about by it); the label is for
+    reading only."""
+
+    __slots__ = ("label",)
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+    def __repr__(self) -> str:
+        return f"Timer({self.label!r})"
+
+
+Key = Timer | str  # str: the older form (see the module's docstring)
+
+
 class Timers:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._due: dict[str, tuple[float, Callable[[], object]]] = {}
+        self._due: dict[Key, tuple[float, Callable[[], object]]] = {}
 
-    def after(self, name: str, delay: float, callback: Callable[[], object]) -> None:
-        """Call `callback` `delay` seconds from now; replaces the timer of that name if there is one."""
-        self.at(name, self.clock() + delay, callback)
+    def after(self, timer: Key, delay: float, callback: Callable[[], object]) -> None:
+        """Call `callback` `delay` seconds from now; replaces what `timer` was set to, if anything."""
+        self.at(timer, self.clock() + delay, callback)
 
-    def at(self, name: str, when: float, callback: Callable[[], object]) -> None:
-        """Call `callback` once the clock reads `when`; replaces the timer of that name if there is one."""
-        self._due[name] = (when, callback)
+    def at(self, timer: Key, when: float, callback: Callable[[], object]) -> None:
+        """Call `callback` once the clock reads `when`; replaces what `timer` was set to, if anything."""
+        self._due[timer] = (when, callback)
 
-    def every(self, name: str, interval: float, callback: Callable[[], object]) -> None:
+    def every(self, timer: Key, interval: float, callback: Callable[[], object]) -> None:
         """Call `callback` every `interval` seconds, the first time `interval` from now."""
 
         def again() -> None:
             callback()
-            self.after(name, interval, again)
+            self.after(timer, interval, again)
 
-        self.after(name, interval, again)
+        self.after(timer, interval, again)
 
-    def cancel(self, name: str) -> None:
-        self._due.pop(name, None)
+    def cancel(self, timer: Key) -> None:
+        self._due.pop(timer, None)
 
-    def pending(self, name: str) -> bool:
-        return name in self._due
+    def pending(self, timer: Key) -> bool:
+        return timer in self._due
 
     def timeout(self) -> float | None:
         """Seconds until the earliest deadline (0 when one has passed); None without timers: wait for
@@ -50,7 +72,7 @@ class Timers:
         if not self._due:
             return
         now = self.clock()
-        for name, entry in sorted(self._due.items(), key=lambda item: item[1][0]):
-            if entry[0] <= now and self._due.get(name) is entry:  # not cancelled or set again meanwhile
-                del self._due[name]
+        for timer, entry in sorted(self._due.items(), key=lambda item: item[1][0]):
+            if entry[0] <= now and self._due.get(timer) is entry:  # not cancelled or set again meanwhile
+                del self._due[timer]
                 entry[1]()

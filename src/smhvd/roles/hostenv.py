@@ -37,6 +37,7 @@ from pathlib import Path
 from smhvd.env_options import read_env_options
 from smhvd.errors import HostEnvError
 from smhvd.proc.loop import Loop
+from smhvd.proc.timers import Timer
 from smhvd.proc.trust import (
     ENV_SOCKET,
     LINK_SOCKET,
@@ -191,11 +192,12 @@ def _answer_all(server: socket.socket, payload: bytes, wake: socket.socket) -> N
 
 
 class _Answers:
-    """The answers being sent: what is left of each, and until when its client may take nothing (the loop's
-    "late" timer is set for the earliest of these deadlines)."""
+    """The answers being sent: what is left of each, and until when its client may take nothing (the `late`
+    timer is set for the earliest of these deadlines)."""
 
     def __init__(self, loop: Loop, payload: bytes) -> None:
         self.loop = loop
+        self.late = Timer("late answers")
         self.payload = payload
         self.pending: dict[socket.socket, tuple[memoryview, float]] = {}
         self.on_drop: Callable[[], object] = lambda: None
@@ -233,11 +235,11 @@ class _Answers:
         self.on_drop()
 
     def _arm(self) -> None:
-        """Set the "late" timer, if it is not set, for the earliest deadline. Deadlines only move later (each
+        """Set the `late` timer, if it is not set, for the earliest deadline. Deadlines only move later (each
         is now + SEND_TIMEOUT when set), so the timer never fires after a client's; when it fires,
         _drop_late drops who is late and sets it again."""
-        if self.pending and not self.loop.timers.pending("late"):
-            self.loop.timers.at("late", min(d for _, d in self.pending.values()), self._drop_late)
+        if self.pending and not self.loop.timers.pending(self.late):
+            self.loop.timers.at(self.late, min(d for _, d in self.pending.values()), self._drop_late)
 
     def _drop_late(self) -> None:
         now = time.monotonic()

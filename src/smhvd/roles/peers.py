@@ -38,7 +38,7 @@ from smhvd.proc.loop import Loop
 from smhvd.proc.processes import die_with_parent
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.ssh import ssh_command
-from smhvd.proc.timers import Timers
+from smhvd.proc.timers import Timer, Timers
 
 log = logging.getLogger("smhvd")
 
@@ -134,11 +134,11 @@ class _Worker:
     count: int = 0
     last_error: str = "not tried yet"
     link: WorkerLink | None = None
+    # Its one timer: the probe's timeout, the next probe, or the attempt's timeout.
+    timer: Timer = field(init=False)
 
-    @property
-    def timer(self) -> str:
-        """Its one timer: the probe's timeout, the next probe, or the attempt's timeout."""
-        return f"worker {self.host}"
+    def __post_init__(self) -> None:
+        self.timer = Timer(f"worker {self.host}")
 
 
 class _Reaching:
@@ -315,7 +315,7 @@ def connect_all(
         def timed_out() -> None:
             raise PeerError(f"timed out after {timeout:g}s waiting for {what} (last: {reaching.missing()})")
 
-        loop.timers.after("deadline", timeout, timed_out)
+        loop.timers.after(Timer("the wait for every worker"), timeout, timed_out)
         try:
             for worker in workers:
                 reaching.probe(worker)

@@ -29,7 +29,7 @@ from smhvd.option_spec import key_of
 from smhvd.proc.loop import Loop
 from smhvd.proc.processes import die_with_parent, kill_descendants
 from smhvd.proc.signals import SignalWatch
-from smhvd.proc.timers import Timers
+from smhvd.proc.timers import Timer, Timers
 from smhvd.proc.trust import LINK_SOCKET, directory, peer_credentials
 from smhvd.report import failure, stacks
 from smhvd.roles import hostenv
@@ -92,11 +92,14 @@ class LinkWaiter:
         # One deadline at a time, each a timer of the loop: the job's start (start_timeout), then the
         # leader's silence (set again by every word from it), and after a stop the grace for its verdict.
         self.timers = Timers(clock)
+        self.start_timer = Timer("the job's start")
+        self.silence_timer = Timer("the leader's silence")
+        self.stop_grace_timer = Timer("the grace for the leader's verdict")
         self.verdict: Verdict | None = None
         self.loop = Loop(self.timers)  # the one `wait` runs
 
     def wait(self, keep: list[int]) -> Verdict:
-        self.timers.after("start", self.start_timeout, self._not_started)
+        self.timers.after(self.start_timer, self.start_timeout, self._not_started)
         with self.loop as loop:
             loop.reader(self.server, self._accept)
             loop.reader(self.watch, functools.partial(self._signals, keep))
@@ -130,7 +133,7 @@ class LinkWaiter:
 
     def _heard(self) -> None:
         if self.started and not self.stopping:
-            self.timers.after("silence", self.silence_limit, self._leader_silent)
+            self.timers.after(self.silence_timer, self.silence_limit, self._leader_silent)
 
     def _accept(self) -> None:
         conn, _ = self.server.accept()
@@ -165,8 +168,8 @@ class LinkWaiter:
         self.stopping = True
         if not self.started:
             return Verdict(EX_STOPPED, "")
-        self.timers.cancel("silence")  # from now on only the grace for the leader's verdict counts
-        self.timers.after("stop-grace", STOP_GRACE, self._stop_grace_over)
+        self.timers.cancel(self.silence_timer)  # from now on only the grace for the leader's verdict counts
+        self.timers.after(self.stop_grace_timer, STOP_GRACE, self._stop_grace_over)
         stop_local_ranks(
             f"stopped: {why}", self.on_dump or (lambda _: None), after="; waiting for the leader"
         )
@@ -196,7 +199,7 @@ class LinkWaiter:
                 log.debug("link event: %s", event)
             if event["event"] == "start":
                 self.started = True
-                self.timers.cancel("start")
+                self.timers.cancel(self.start_timer)
                 self._heard()
                 log.info("job started by %s", self.leader)
             elif event["event"] == "stop":
