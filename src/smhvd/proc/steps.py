@@ -101,7 +101,7 @@ def _run(
         preexec_fn=die_with_parent,  # noqa: PLW1509  (a launcher killed outright leaves no step behind)
     )
     streams = [s for s in (proc.stdout, proc.stderr) if s is not None]
-    kept = {s.fileno(): _Kept() for s in streams}  # stdout first, then stderr (dicts keep order)
+    kept = {s.fileno(): _HeadAndTail() for s in streams}  # stdout first, then stderr (dicts keep order)
     try:
         finished = _wait(proc, kept, echo, None if timeout is None else time.monotonic() + timeout)
         if finished:
@@ -192,13 +192,15 @@ def _remove(*paths: Path) -> None:
         raise
 
 
-def _wait(proc: subprocess.Popen[bytes], kept: dict[int, _Kept], echo: bool, deadline: float | None) -> bool:
+def _wait(
+    proc: subprocess.Popen[bytes], kept: dict[int, _HeadAndTail], echo: bool, deadline: float | None
+) -> bool:
     """Read the step's output until it exits (True: then what is in the pipes too, not until every copy of
     them closes, since a process it left behind may hold one) or the deadline passes (False)."""
     return follow_output(proc.pid, kept, lambda fd, chunk: _keep(kept[fd], chunk, echo), deadline=deadline)
 
 
-class _Kept:
+class _HeadAndTail:
     """A stream's first and last OUTPUT_LIMIT // 2 bytes; what lies between is dropped (and marked)."""
 
     def __init__(self) -> None:
@@ -220,7 +222,7 @@ class _Kept:
         return bytes(self.head + (b"\n[...]\n" if self.dropped else b"") + self.tail)
 
 
-def _keep(kept: _Kept, chunk: bytes, echo: bool) -> None:
+def _keep(kept: _HeadAndTail, chunk: bytes, echo: bool) -> None:
     if echo:
         os.write(2, chunk)
     kept.add(chunk)

@@ -141,7 +141,7 @@ class _Worker:
         self.timer = Timer(f"worker {self.host}")
 
 
-class _Reaching:
+class _ConnectingWorkers:
     """The wait for every worker's link, as callbacks on `loop`: it stops once all are linked."""
 
     def __init__(self, loop: Loop, workers: Sequence[_Worker], port: int, resolve: Resolve) -> None:
@@ -310,18 +310,18 @@ def connect_all(
             loop.reader(signals, check_stop)
         if not workers:
             return []
-        reaching = _Reaching(loop, workers, port, resolve)
+        connecting = _ConnectingWorkers(loop, workers, port, resolve)
 
         def timed_out() -> None:
-            raise PeerError(f"timed out after {timeout:g}s waiting for {what} (last: {reaching.missing()})")
+            raise PeerError(f"timed out after {timeout:g}s waiting for {what} (last: {connecting.missing()})")
 
         loop.timers.after(Timer("the wait for every worker"), timeout, timed_out)
         try:
             for worker in workers:
-                reaching.probe(worker)
+                connecting.probe(worker)
             loop.run()
         except BaseException as exc:
-            reaching.abandon()
+            connecting.abandon()
             links = [w.link for w in workers if w.link is not None]
             if isinstance(exc, PeerError | Stopped):  # the workers reached end with the leader's exit code
                 for link in links:
