@@ -77,6 +77,10 @@ AWS_CREDENTIAL_NAMES = (
 )
 
 LOCAL_HOSTS = ("localhost",)  # a one-host job's hostfile: mpirun starts no orted over ssh
+# In the run directory: the job's hostfile, and the ssh client config that starts orted on the other MPI
+# hosts (the leader writes it for its links to every host too).
+HOSTFILE = "hostfile"
+SSH_CONFIG = "ssh_config"
 
 
 @dataclass(frozen=True)
@@ -141,11 +145,11 @@ def plan_for(
     launcher = job.options.launcher
     return MpiPlan(
         num_processes=job.num_processes,
-        hostfile=run_dir / "hostfile",
+        hostfile=run_dir / HOSTFILE,
         workdir=code_dir,
         program=tuple(program),
         interface=job.resources.network_interface_name if multi else None,
-        ssh_config=run_dir / "ssh_config" if multi else None,
+        ssh_config=run_dir / SSH_CONFIG if multi else None,
         yield_when_idle=job.processes_per_host >= job.hardware.cpus,
         forward=forwarded_names(env, launcher.forward_env, aws_credentials=launcher.forward_aws_credentials),
         custom_options=job.options.mpi.custom_options,

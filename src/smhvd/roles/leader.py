@@ -16,7 +16,7 @@ from pathlib import Path
 from smhvd.config.job import Job
 from smhvd.env_options import read_env_options
 from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, Stopped
-from smhvd.mpi.command import MpiPlan, build_mpirun_argv, display, plan_for
+from smhvd.mpi.command import SSH_CONFIG, MpiPlan, build_mpirun_argv, display, plan_for
 from smhvd.mpi.output import parse_mpirun_verdict
 from smhvd.mpi.supervisor import STOP_DUMP_WAIT, Dumps, Outcome, supervise
 from smhvd.preflight.check import run_preflight
@@ -132,7 +132,7 @@ def run_leader(
     with SignalWatch() as watch, hostenv.serving(served_from, host_env):
         if job.multi_host:
             port = read_env_options(os.environ).ssh_port
-            ssh_config = run_dir / "ssh_config"  # the links' and (several MPI hosts) orted's
+            ssh_config = run_dir / SSH_CONFIG  # the links' and (several MPI hosts) orted's: plan.ssh_config
             ssh_config.write_text(render_ssh_config(port, control_dir=run_dir))
             log.info(
                 "waiting for workers %s (up to %gs)",
