@@ -4,8 +4,9 @@
 One process per rank: `horovodrun -np 2 python train_mnist.py --epochs 2`, `mpirun -np 2 python ...`, or the
 image's `train` launcher (hyperparameters as `--key value`, the SM_* variables, TensorFlow's thread pools
 sized for the ranks sharing a host). Rank 0 alone checkpoints every epoch (a restarted job, e.g. managed spot
-training, resumes from the latest one) and writes the outputs: a SavedModel in <model-dir>/1, history.csv and
-metrics.json in <output-data-dir>, and a final `test_accuracy=... test_loss=...` line.
+training, resumes from the latest one, and keeps history.csv beside the checkpoints) and writes the outputs: a
+SavedModel in <model-dir>/1, history.csv and metrics.json in <output-data-dir>, and a final
+`test_accuracy=... test_loss=...` line.
 
 Every line that differs from single-process Keras code is marked `# Horovod:`.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,6 +33,24 @@ METRIC_DEFINITIONS = [
     {"Name": "test:accuracy", "Regex": r"test_accuracy=([0-9.]+)"},
     {"Name": "test:loss", "Regex": r"test_loss=([0-9.]+)"},
 ]
+
+
+HISTORY = "history.csv"  # Keras' CSVLogger: one row per epoch, "epoch" (counted from 0) first
+
+
+def history_before(text: str, epoch: int) -> str:
+    """The history a run resumed at `epoch` continues: the header and the rows of the epochs before it. A row
+    that a kill cut short, and rows of epochs the checkpoint does not hold (logged, then killed before the
+    checkpoint was saved: that epoch is trained again), are left out. Pure."""
+    lines = text.splitlines(keepends=True)
+    if not lines or not lines[0].endswith("\n"):
+        return ""
+    kept = [
+        row
+        for row in lines[1:]
+        if row.endswith("\n") and (first := row.split(",", 1)[0]).isdigit() and int(first) < epoch
+    ]
+    return lines[0] + "".join(kept)
 
 
 def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
@@ -136,10 +156,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # Horovod: after step 1, rank 0's variables
         hvd.callbacks.MetricAverageCallback(),  # Horovod: the epoch's metrics averaged over the ranks' shards
     ]
+    # The history is kept beside the checkpoints, which a spot restart gets back (the output directory it
+    # does not): each epoch once, the resumed run's after the killed one's.
+    history = args.checkpoint_dir / HISTORY
     if chief:  # Horovod: rank 0 alone
         args.output_data_dir.mkdir(parents=True, exist_ok=True)
+        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        kept = history_before(history.read_text() if history.exists() else "", initial_epoch)
+        history.with_suffix(".tmp").write_text(kept)
+        history.with_suffix(".tmp").replace(history)  # a kill now leaves the old history or the new one
         callbacks += [
-            tf.keras.callbacks.CSVLogger(str(args.output_data_dir / "history.csv"), append=True),
+            tf.keras.callbacks.CSVLogger(str(history), append=True),
             tf.keras.callbacks.LambdaCallback(
                 on_epoch_end=lambda epoch, _: manager.save(checkpoint_number=epoch + 1)
             ),
@@ -169,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "dataset": args.dataset,
         }
         (args.output_data_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+        shutil.copyfile(history, args.output_data_dir / HISTORY)
         print(f"test_accuracy={test_accuracy:.4f} test_loss={test_loss:.4f}", flush=True)
     return 0
 

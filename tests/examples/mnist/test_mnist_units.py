@@ -211,3 +211,17 @@ def test_the_argument_table_of_docs_mnist_md_is_the_scripts(train_mnist: ModuleT
     assert sorted(rows) == sorted(defaults)  # every argument, no other
     literal = {key: value for key, value in rows.items() if not value.startswith("$")}  # $SM_*: see above
     assert literal == {key: "one pass" if defaults[key] is None else str(defaults[key]) for key in literal}
+
+
+@pytest.mark.integration
+def test_a_resumed_history_keeps_the_epochs_its_checkpoint_holds(train_mnist: ModuleType) -> None:
+    header = "epoch,accuracy,loss\n"
+    rows = [f"{epoch},0.9,0.1\n" for epoch in range(4)]
+    # Killed after epoch 2's row was logged, before its checkpoint: resumed at 2, rows 0 and 1 are kept.
+    assert train_mnist.history_before(header + "".join(rows[:3]), 2) == header + rows[0] + rows[1]
+    # A row cut by the kill is dropped, whatever its epoch; so is a header cut short, and no history at all.
+    assert train_mnist.history_before(header + rows[0] + "1,0.9", 4) == header + rows[0]
+    assert train_mnist.history_before("epoch,accu", 4) == ""
+    assert train_mnist.history_before("", 3) == ""
+    # A fresh job (no checkpoint: epoch 0) starts a new history even beside an old one.
+    assert train_mnist.history_before(header + "".join(rows), 0) == header
