@@ -40,7 +40,7 @@ from smhvd.proc.processes import (
     kill_descendants,
     rank_program_preexec,
 )
-from smhvd.proc.timers import Timers
+from smhvd.proc.timers import Timer, Timers
 from smhvd.wire import OUTPUT_CHANNEL, RANK_ARGV, RECORDS, SERVED, TAG_OUTPUT, RankFailure, RankStart
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
@@ -77,6 +77,7 @@ def follow(
     `next_due()` (time.monotonic()) has come, until the program exits (proc/loop.follow_output: not until
     every copy of its pipes closes), then what is already in the pipes, bounded."""
     timers = Timers()
+    due_timer = Timer("a line in progress is due")
     armed: float | None = None  # the deadline the timer is set for
 
     def arm() -> None:
@@ -86,9 +87,9 @@ def follow(
             return
         armed = due
         if due is None:
-            timers.cancel("due")
+            timers.cancel(due_timer)
         else:
-            timers.at("due", due, fire)
+            timers.at(due_timer, due, fire)
 
     def fire() -> None:
         nonlocal armed

@@ -60,7 +60,7 @@ def test_a_deadline_ends_the_wait_and_timers_run_meanwhile() -> None:
     assert proc.stdout is not None
     timers = Timers()
     ticks: list[float] = []
-    timers.every("tick", 0.05, lambda: ticks.append(time.monotonic()))
+    timers.every(Timer("tick"), 0.05, lambda: ticks.append(time.monotonic()))
     try:
         exited = follow_output(
             proc.pid, [proc.stdout.fileno()], lambda _fd, _chunk: None, timers, time.monotonic() + 0.5
@@ -87,7 +87,7 @@ def test_nothing_is_handled_after_stop_and_a_forgotten_file_is_skipped() -> None
 
             loop.reader(r1, first)
             loop.reader(r2, first)
-            loop.timers.after("late", 0, lambda: calls.append("timer"))
+            loop.timers.after(Timer("late"), 0, lambda: calls.append("timer"))
             loop.run()  # the timer, due at once, fires before the first wait
         assert calls == ["timer", "stop"]
 
@@ -98,7 +98,7 @@ def test_nothing_is_handled_after_stop_and_a_forgotten_file_is_skipped() -> None
                 calls.append("read")
                 os.read(mine, 1)
                 loop.forget(other)
-                loop.timers.after("end", 0.05, loop.stop)
+                loop.timers.after(Timer("end"), 0.05, loop.stop)
 
             loop.reader(r1, lambda: forget_other(r1, r2))
             loop.reader(r2, lambda: forget_other(r2, r1))
@@ -141,12 +141,12 @@ def _is_open(fd: int) -> bool:
 
 @pytest.mark.integration
 def test_follow_outputs_deadline_leaves_the_callers_timers_alone() -> None:
-    """The caller's own timers go on beside follow_output's deadline, whatever they are called: before, a
+    """The caller's own timers go on beside follow_output's deadline, whatever their labels: before handles, a
     caller's "deadline" was replaced by follow_output's (never fired) and cancelled at its end."""
     timers = Timers()
     fired: list[str] = []
     soon = time.monotonic() + 0.05
-    timers.at("deadline", soon, lambda: fired.append("caller's deadline"))
+    timers.at(Timer("deadline"), soon, lambda: fired.append("caller's deadline"))
     timers.at(Timer("deadline"), soon, lambda: fired.append("caller's handle"))
     proc = subprocess.Popen(["sleep", "0.5"])
     try:

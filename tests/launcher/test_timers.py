@@ -28,28 +28,30 @@ def test_timers_fire_when_due_earliest_first_once_and_can_be_cancelled_or_set_ag
     timers = Timers(clock)
     fired: list[str] = []
     assert timers.timeout() is None  # nothing to wait for: the loop waits for events alone
-    timers.after("b", 2.0, lambda: fired.append("b"))
-    timers.after("a", 1.0, lambda: fired.append("a"))
-    timers.after("c", 3.0, lambda: fired.append("c"))
+    a, b, c = Timer("a"), Timer("b"), Timer("c")
+    timers.after(b, 2.0, lambda: fired.append("b"))
+    timers.after(a, 1.0, lambda: fired.append("a"))
+    timers.after(c, 3.0, lambda: fired.append("c"))
     assert timers.timeout() == 1.0
     clock.now += 2.5
     assert timers.timeout() == 0.0
     timers.fire_due()
     assert fired == ["a", "b"]
-    timers.after("c", 10.0, lambda: fired.append("c again"))  # set again: the old deadline is gone
+    timers.after(c, 10.0, lambda: fired.append("c again"))  # set again: the old deadline is gone
     clock.now += 5
     timers.fire_due()
     assert fired == ["a", "b"]
-    timers.cancel("c")
-    assert timers.timeout() is None and not timers.pending("c")
+    timers.cancel(c)
+    assert timers.timeout() is None and not timers.pending(c)
 
 
 def test_a_callback_cancelling_a_due_timer_stops_it_in_the_same_round() -> None:
     clock = Clock()
     timers = Timers(clock)
     fired: list[str] = []
-    timers.after("first", 1.0, lambda: (fired.append("first"), timers.cancel("second")))
-    timers.after("second", 1.5, lambda: fired.append("second"))
+    first, second = Timer("first"), Timer("second")
+    timers.after(first, 1.0, lambda: (fired.append("first"), timers.cancel(second)))
+    timers.after(second, 1.5, lambda: fired.append("second"))
     clock.now += 2
     timers.fire_due()
     assert fired == ["first"]
@@ -59,7 +61,7 @@ def test_the_heartbeat_beats_every_interval() -> None:
     clock = Clock()
     timers = Timers(clock)
     beats: list[float] = []
-    timers.every("heartbeat", 2.0, lambda: beats.append(clock.now - 1000.0))
+    timers.every(Timer("heartbeat"), 2.0, lambda: beats.append(clock.now - 1000.0))
     clock.run_until(timers, 1007.0)
     assert beats == [2.0, 4.0, 6.0]
 

@@ -18,7 +18,7 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from smhvd.errors import EX_MPI_ABORT, exit_status
@@ -27,7 +27,7 @@ from smhvd.proc.lines import write_all
 from smhvd.proc.loop import Loop
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_rank_wrapper, signal_pids
 from smhvd.proc.signals import SignalWatch
-from smhvd.proc.timers import Timers
+from smhvd.proc.timers import Timer, Timers
 from smhvd.wire import HEARTBEAT_INTERVAL
 
 log = logging.getLogger("smhvd")
@@ -94,7 +94,7 @@ def supervise(
     stderr = proc.stderr
     timers = Timers()
     if tick is not None:
-        timers.every("heartbeat", tick_interval, tick)
+        timers.every(Timer("heartbeat"), tick_interval, tick)
     dumps.start(timers)
     with contextlib.ExitStack() as stack:
         stack.callback(stderr.close)
@@ -153,6 +153,7 @@ class Stop:
             timers,
         )
         self.requested = False
+        self.kill_timer = Timer("the kill after a stop")
 
     def signals(self, watch: SignalWatch) -> None:
         got = watch.receive(self.keep_pids)
@@ -168,7 +169,7 @@ class Stop:
         self.requested = True
         stop_local_ranks(f"stopped by {name}", self._dump_and_settle)
         self.on_stop()
-        self.timers.after("stop-kill", STOP_KILL_AFTER, self._late)
+        self.timers.after(self.kill_timer, STOP_KILL_AFTER, self._late)
 
     def _dump_and_settle(self, why: str) -> None:
         self.dumps.dump(why)
@@ -221,6 +222,7 @@ class Dumps:
     silence: float | None = None  # launcher_hang_dump_seconds
     stall_dumped: bool = False
     timers: Timers | None = None
+    silence_timer: Timer = field(default_factory=lambda: Timer("silence"))
 
     def start(self, timers: Timers) -> None:
         self.timers = timers
@@ -235,7 +237,7 @@ class Dumps:
 
     def _listen_for_silence(self) -> None:
         if self.silence is not None and self.timers is not None:
-            self.timers.after("silence", self.silence, self._silent)
+            self.timers.after(self.silence_timer, self.silence, self._silent)
 
     def _silent(self) -> None:
         self.dump(f"no output from any rank for {self.silence:g}s")
@@ -260,11 +262,14 @@ class HungAbort:
         self.notice: str | None = None
         self.ended = False  # the launcher ended mpirun
         self.gave_up = False
+        self.term_timer = Timer("abort: terminate")
+        self.kill_timer = Timer("abort: kill")
+        self.give_up_timer = Timer("abort: give up")
 
     def announced(self, notice: str) -> None:
         if self.notice is None:
             self.notice = notice
-            self.timers.after("abort-term", ABORT_GRACE, self._term)
+            self.timers.after(self.term_timer, ABORT_GRACE, self._term)
 
     def _term(self) -> None:
         if not self.running():
@@ -272,13 +277,13 @@ class HungAbort:
         log.error("Open MPI aborted the job (%s) and mpirun did not exit: ending it", self.notice)
         self.ended = True
         self.terminate()
-        self.timers.after("abort-kill", KILL_GRACE, self._kill)
+        self.timers.after(self.kill_timer, KILL_GRACE, self._kill)
 
     def _kill(self) -> None:
         if not self.running():
             return
         self.kill()
-        self.timers.after("abort-give-up", KILL_GRACE, self._give_up)
+        self.timers.after(self.give_up_timer, KILL_GRACE, self._give_up)
 
     def _give_up(self) -> None:
         self.gave_up = True

@@ -4,9 +4,7 @@ callback may set its timer again (a heartbeat re-arms itself). The clock is a pa
 timers with a fake one.
 
 Handles compare by identity: two owners of timers on one loop (follow_output's deadline and its caller's own
-timers, the supervisor's and its dumps') cannot replace each other's, whatever their labels. A plain name
-(str) is still taken, the older form, for the callers that have yet to move to handles (mpi/supervisor.py,
-rank.py); two owners that pick the same name on one Timers replace each other's timer.
+timers, the supervisor's and its dumps') cannot replace each other's, whatever their labels.
 """
 
 from __future__ import annotations
@@ -28,23 +26,20 @@ class Timer:
         return f"Timer({self.label!r})"
 
 
-Key = Timer | str  # str: the older form (see the module's docstring)
-
-
 class Timers:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._due: dict[Key, tuple[float, Callable[[], object]]] = {}
+        self._due: dict[Timer, tuple[float, Callable[[], object]]] = {}
 
-    def after(self, timer: Key, delay: float, callback: Callable[[], object]) -> None:
+    def after(self, timer: Timer, delay: float, callback: Callable[[], object]) -> None:
         """Call `callback` `delay` seconds from now; replaces what `timer` was set to, if anything."""
         self.at(timer, self.clock() + delay, callback)
 
-    def at(self, timer: Key, when: float, callback: Callable[[], object]) -> None:
+    def at(self, timer: Timer, when: float, callback: Callable[[], object]) -> None:
         """Call `callback` once the clock reads `when`; replaces what `timer` was set to, if anything."""
         self._due[timer] = (when, callback)
 
-    def every(self, timer: Key, interval: float, callback: Callable[[], object]) -> None:
+    def every(self, timer: Timer, interval: float, callback: Callable[[], object]) -> None:
         """Call `callback` every `interval` seconds, the first time `interval` from now."""
 
         def again() -> None:
@@ -53,10 +48,10 @@ class Timers:
 
         self.after(timer, interval, again)
 
-    def cancel(self, timer: Key) -> None:
+    def cancel(self, timer: Timer) -> None:
         self._due.pop(timer, None)
 
-    def pending(self, timer: Key) -> bool:
+    def pending(self, timer: Timer) -> bool:
         return timer in self._due
 
     def timeout(self) -> float | None:
