@@ -18,7 +18,7 @@ from smhvd.env_options import FETCH_TIMEOUT
 from smhvd.errors import HostEnvError
 from smhvd.proc.trust import ENV_SOCKET, connect_trusted, directory
 from smhvd.proc.waiting import NotYet, wait_until
-from smhvd.wire import SERVED
+from smhvd.wire import HOSTENV_SERVED_FROM
 
 # The variables that differ between hosts (environment.host_env sets them): per host, never the leader's.
 HOST_KEYS = frozenset(
@@ -40,7 +40,7 @@ _MAX_BYTES = 64 * 1024 * 1024
 def rank_directory(env: Mapping[str, str], port: int) -> Path:
     """The directory a rank asks: the leader's, when the rank runs on the leader's host (it exists there and
     nowhere else: its name is random), else its worker's, named after the port."""
-    given = env.get(SERVED, "")
+    given = env.get(HOSTENV_SERVED_FROM, "")
     leaders = Path(given)
     if given and leaders.parent == directory(0).parent and leaders.name.startswith(directory("job-").name):
         with contextlib.suppress(OSError):

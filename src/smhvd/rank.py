@@ -41,7 +41,15 @@ from smhvd.proc.processes import (
     rank_program_preexec,
 )
 from smhvd.proc.timers import Timer, Timers
-from smhvd.wire import OUTPUT_CHANNEL, RANK_ARGV, RECORDS, SERVED, TAG_OUTPUT, RankFailure, RankStart
+from smhvd.wire import (
+    HOSTENV_SERVED_FROM,
+    OUTPUT_CHANNEL,
+    RANK_ARGV,
+    RECORDS,
+    TAG_OUTPUT,
+    RankFailure,
+    RankStart,
+)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 # Stop requests (SageMaker's SIGTERM that mpirun passes on, Ctrl-C): a program they end exits cleanly.
@@ -54,7 +62,7 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
     host's own `train` serves (its container's variables and its own SM_* values; see roles/hostenv.py).
     Started directly (not by mpirun under `train`): the environment as it is. HostEnvError when the host's
     environment cannot be had: a rank never runs with another host's identity."""
-    if not env.get(SERVED):
+    if not env.get(HOSTENV_SERVED_FROM):
         return dict(env)
     options = read_env_options(env)
     path = hostenv_client.rank_directory(env, options.ssh_port)
@@ -125,7 +133,7 @@ class Sink:
 
     def out(self, kinds: tuple[int, int], out: Out) -> None:
         self.send(kinds[0], out.lines)
-        self.send(kinds[1], out.now)
+        self.send(kinds[1], out.in_progress)
 
 
 def not_run(why: str, code: int, rank: int | None, host: str | None, sink: Sink) -> int:

@@ -4,8 +4,9 @@
   stderr, its start (RankStart) and its failure (RankFailure), reassembled by the leader (mpi/output.py;
   why: docs/output.md);
 - the leader to each rank, in the environment: the program's argv (RANK_ARGV), whether lines are tagged
-  (TAG_OUTPUT), whether to write records (OUTPUT_CHANNEL) and where the rank's host serves its environment
-  (SERVED); the variables set for the job that `train` and its ranks both read are env_options.py's;
+  (TAG_OUTPUT), whether to write records (OUTPUT_CHANNEL) and the directory from which the rank's host serves
+  its environment (HOSTENV_SERVED_FROM); the variables set for the job that `train` and its ranks both read
+  are env_options.py's;
 - the leader to each worker, over the link (`python -m smhvd.link` over ssh): JSON lines, `ready` first.
 """
 
@@ -49,7 +50,7 @@ TAG_OUTPUT = "SMHVD_TAG_OUTPUT"
 OUTPUT_CHANNEL = "SMHVD_RANK_OUTPUT"
 RECORDS = "records"
 # Where each host's `train` serves its ranks' environment: the leader's own directory (roles/hostenv.py).
-SERVED = "SMHVD_HOSTENV"
+HOSTENV_SERVED_FROM = "SMHVD_HOSTENV"
 
 # The pre-flight (preflight/): the leader gives its probe what to check as JSON in PREFLIGHT_SPEC (forwarded
 # to every host like the job's own variables); each probe writes its findings to stdout as lines

@@ -24,7 +24,7 @@ from smhvd.environment import host_env
 from smhvd.errors import ConfigError, HostEnvError
 from smhvd.proc import processes, trust
 from smhvd.roles import hostenv
-from smhvd.wire import SERVED
+from smhvd.wire import HOSTENV_SERVED_FROM
 from smhvd_dev.mltree import write_ml_tree
 from support.ci import need_root
 from tests.conftest import TRAIN
@@ -359,17 +359,22 @@ def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
 def test_a_rank_on_the_leaders_host_asks_the_leaders_directory_elsewhere_its_workers(port, tmp_path):
     leaders = hostenv.leader_directory()
     with hostenv.serving(leaders, {"SM_CURRENT_HOST": "algo-1"}):
-        assert hostenv_client.rank_directory({SERVED: str(leaders)}, port) == leaders
+        assert hostenv_client.rank_directory({HOSTENV_SERVED_FROM: str(leaders)}, port) == leaders
         assert hostenv_client.fetch(leaders)["SM_CURRENT_HOST"] == "algo-1"
-    gone = {SERVED: str(leaders)}  # on a worker's host the leader's directory does not exist
+    gone = {HOSTENV_SERVED_FROM: str(leaders)}  # on a worker's host the leader's directory does not exist
     assert hostenv_client.rank_directory(gone, port) == trust.directory(port)
-    elsewhere = {SERVED: str(tmp_path)}  # only a directory where the leader makes them counts
+    elsewhere = {HOSTENV_SERVED_FROM: str(tmp_path)}  # only a directory where the leader makes them counts
     assert hostenv_client.rank_directory(elsewhere, port) == trust.directory(port)
 
 
 @pytest.mark.integration  # starts processes
 def test_a_rank_without_its_hosts_environment_fails_in_one_line(port):
-    env = {**os.environ, SERVED: "1", "SMHVD_SSH_PORT": str(port), "SMHVD_HOSTENV_TIMEOUT": "0.5"}
+    env = {
+        **os.environ,
+        HOSTENV_SERVED_FROM: "1",
+        "SMHVD_SSH_PORT": str(port),
+        "SMHVD_HOSTENV_TIMEOUT": "0.5",
+    }
     env["OMPI_COMM_WORLD_RANK"] = "3"
     proc = subprocess.run(
         [sys.executable, "-m", "smhvd.rank", "--", "true"],

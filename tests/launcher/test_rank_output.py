@@ -190,8 +190,7 @@ def test_untagged_keeps_every_byte_and_shows_a_line_in_progress_as_it_is():
     data = bytes(range(256)).replace(b"\n", b"") + b"\r\x1d@@smhvd-rank-failure@@ {}\r"
     out = lines.feed(data[:100], 0.0).lines + lines.feed(data[100:], 0.1).lines
     assert out == b""
-    now = lines.progress(1.0).now
-    assert now == data
+    assert lines.progress(1.0).in_progress == data
     assert lines.feed(b"rest\n", 1.1).lines == b"rest\n"
 
 

@@ -45,10 +45,11 @@ def visible(line: bytes) -> bytes:
 @dataclass(frozen=True)
 class Out:
     """What a stream passes on: `lines` (whole lines, or the start of a long one: the leader holds what
-    follows its last newline until the rest comes) and `now` (untagged: a line in progress, shown as is)."""
+    follows its last newline until the rest comes) and `in_progress` (untagged: a line in progress, shown as
+    is before its end comes)."""
 
     lines: bytes = b""
-    now: bytes = b""
+    in_progress: bytes = b""
 
 
 NOTHING = Out()
@@ -110,7 +111,7 @@ class Lines:
         self.shown_at = now
         if not self.prefix:  # untagged: its bytes so far, as they are
             data, self.partial = self.partial, b""
-            return Out(now=data)
+            return Out(in_progress=data)
         state = visible(self.partial)
         if not state or state == self.shown:
             return NOTHING

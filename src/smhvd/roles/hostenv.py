@@ -15,10 +15,10 @@ read is dropped after SEND_TIMEOUT). Nothing is written but the sockets and the 
 when `train` exits. A worker's link socket (the leader's relay connects to it: link.py, roles/worker.py)
 lives in the same directory and is trusted the same way.
 
-A rank started by mpirun under `train` (SERVED set) must get its host's environment: it retries within a
-deadline (a loaded host may be slow to accept) and, if there is none, fails with one line. It never runs
-with another host's identity. That side, the client, is hostenv_client.py: low, so that a rank imports
-neither this module nor the job's configuration.
+A rank started by mpirun under `train` (wire.HOSTENV_SERVED_FROM set) must get its host's environment: it
+retries within a deadline (a loaded host may be slow to accept) and, if there is none, fails with one line.
+It never runs with another host's identity. That side, the client, is hostenv_client.py: low, so that a rank
+imports neither this module nor the job's configuration.
 """
 
 from __future__ import annotations

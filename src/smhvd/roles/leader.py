@@ -27,7 +27,7 @@ from smhvd.report.stacks import StackDumper
 from smhvd.roles import hostenv
 from smhvd.roles.peers import WorkerLink, close_all, connect_all
 from smhvd.roles.sshd import render_ssh_config
-from smhvd.wire import RANK_ARGV, SERVED, RankFailure
+from smhvd.wire import HOSTENV_SERVED_FROM, RANK_ARGV, RankFailure
 
 log = logging.getLogger("smhvd")
 DUMP_LINE_LIMIT = 400  # of the failure file's 1024 characters, at most this much for a stack dump's summary
@@ -122,7 +122,7 @@ def run_leader(
     host_env = dict(env)  # this host's ranks' own environment, served to them (roles/hostenv.py)
     hostenv.reclaim_leaders_leftovers()  # what trains killed by SIGKILL left behind
     served_from = hostenv.leader_directory()
-    command, env = mpirun_rank_command(program, {**env, SERVED: str(served_from)})
+    command, env = mpirun_rank_command(program, {**env, HOSTENV_SERVED_FROM: str(served_from)})
     plan = plan_for(job, command, env, run_dir, code_dir)
     plan.hostfile.write_text(plan.hostfile_text)
     links: list[WorkerLink] = []
