@@ -32,7 +32,7 @@ from smhvd.sourcecode import (
     program_path,
     resolve_source,
 )
-from smhvd.wire import OUTPUT_CHANNEL, RECORDS, TAG_OUTPUT
+from smhvd.wire import OUTPUT_CHANNEL, OUTPUT_FRAMED, TAG_OUTPUT
 
 log = logging.getLogger("smhvd")
 THREAD_VARS = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
@@ -49,7 +49,7 @@ def rank_env(job: Job, base: Mapping[str, str], sm_env: Mapping[str, str]) -> di
     env.update(job.options.horovod.env(job.paths.output_data_dir))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[TAG_OUTPUT] = "1" if job.options.launcher.tag_output else "0"
-    env[OUTPUT_CHANNEL] = RECORDS  # the supervisor takes the ranks' output from mpirun's stderr (wire.py)
+    env[OUTPUT_CHANNEL] = OUTPUT_FRAMED  # the supervisor takes the ranks' output from mpirun's stderr (wire)
     pph = job.processes_per_host
     if job.options.mpi.enabled and pph > 1:
         # Several ranks share this host's cores: one slice each instead of every rank spawning a thread per

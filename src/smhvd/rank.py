@@ -8,7 +8,7 @@ argv in SMHVD_RANK_ARGV (so that no user value is ever parsed by mpirun); starte
 - Passes the program's stdout and stderr on in whole lines, each tagged with its rank and host unless
   launcher_tag_output is false, lines in progress (progress bars) shown while they run (proc/lines.py). Under
   the launcher it writes them, its start and, when the program fails, the failure with the tail of the
-  program's stderr, as records on its own stderr (wire.py), which the leader reassembles (mpi/output.py): no
+  program's stderr, as frames on its own stderr (wire.py), which the leader reassembles (mpi/output.py): no
   line is cut by another rank's, whatever its size, and nothing waits for mpirun to read.
 - Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP to the program. A stop request (SIGTERM or SIGINT) that
   ends the program counts as a clean exit, so mpirun does not kill the other ranks while they checkpoint.
@@ -44,8 +44,8 @@ from smhvd.proc.timers import Timer, Timers
 from smhvd.wire import (
     HOSTENV_SERVED_FROM,
     OUTPUT_CHANNEL,
+    OUTPUT_FRAMED,
     RANK_ARGV,
-    RECORDS,
     TAG_OUTPUT,
     RankFailure,
     RankStart,
@@ -114,18 +114,18 @@ def follow(
 
 
 class Sink:
-    """Where the rank's output goes: records on stderr under the launcher (`records`), else each stream to
+    """Where the rank's output goes: frames on stderr under the launcher (`framed`), else each stream to
     where it came from."""
 
-    def __init__(self, records: bool) -> None:
-        self.records = records
+    def __init__(self, framed: bool) -> None:
+        self.framed = framed
 
     def send(self, kind: int, data: bytes) -> None:
         if not data:
             return
-        if self.records:
-            for chunk in wire.writes(wire.records(kind, data)):
-                write_all(2, chunk)  # whole records, at most PIPE_BUF bytes: one atomic write each
+        if self.framed:
+            for chunk in wire.writes(wire.frames(kind, data)):
+                write_all(2, chunk)  # whole frames, at most PIPE_BUF bytes: one atomic write each
         elif kind in (wire.STDOUT, wire.STDOUT_NOW):
             write_all(1, data)
         elif kind in (wire.STDERR, wire.STDERR_NOW):
@@ -157,7 +157,7 @@ class Tail:
 
 def run(program: list[str]) -> int:
     become_subreaper()  # what the program leaves behind is re-parented here, and killed when it exits
-    sink = Sink(records=os.environ.get(OUTPUT_CHANNEL) == RECORDS)
+    sink = Sink(framed=os.environ.get(OUTPUT_CHANNEL) == OUTPUT_FRAMED)
     try:
         env = local_env(os.environ)
     except LauncherError as exc:  # no host environment: not SM_CURRENT_HOST, that would be the leader's

@@ -1,10 +1,10 @@
 """What the launcher's processes tell each other: every format that crosses a process boundary, in one place.
 
-- the rank wrapper to the leader, in mpirun's stderr: records (below) that carry its program's stdout and
+- the rank wrapper to the leader, in mpirun's stderr: frames (below) that carry its program's stdout and
   stderr, its start (RankStart) and its failure (RankFailure), reassembled by the leader (mpi/output.py;
   why: docs/output.md);
 - the leader to each rank, in the environment: the program's argv (RANK_ARGV), whether lines are tagged
-  (TAG_OUTPUT), whether to write records (OUTPUT_CHANNEL) and the directory from which the rank's host serves
+  (TAG_OUTPUT), whether to write frames (OUTPUT_CHANNEL) and the directory from which the rank's host serves
   its environment (HOSTENV_SERVED_FROM); the variables set for the job that `train` and its ranks both read
   are env_options.py's;
 - the leader to each worker, over the link (`python -m smhvd.link` over ssh): JSON lines, `ready` first.
@@ -17,18 +17,18 @@ import re
 import signal
 from dataclasses import asdict, dataclass
 
-# Records: the rank wrapper's stderr (a pipe that Open MPI reads in pieces of at most RECORD_MAX bytes and
-# forwards, with --tag-output, behind a tag `[JOB,RANK]<stderr>:` each) is a sequence of records
-# RECORD_START KIND BODY RECORD_END, every write of the wrapper whole records and at most RECORD_MAX bytes.
-# A write that size is atomic, so a piece Open MPI reads ends at a record's end unless it is RECORD_MAX bytes
+# Frames: the rank wrapper's stderr (a pipe that Open MPI reads in pieces of at most FRAME_MAX bytes and
+# forwards, with --tag-output, behind a tag `[JOB,RANK]<stderr>:` each) is a sequence of frames
+# FRAME_START KIND BODY FRAME_END, every write of the wrapper whole frames and at most FRAME_MAX bytes.
+# A write that size is atomic, so a piece Open MPI reads ends at a frame's end unless it is FRAME_MAX bytes
 # long: that is how the leader tells where a piece ends. A BODY is one stream's bytes with every newline
 # written as LINE_END and the four control bytes below escaped, so it never holds a newline (Open MPI would
-# tag the next line) nor a byte that could end the record.
-RECORD_MAX = 4096  # PIPE_BUF on Linux, and Open MPI 4.1's read size (ORTE_IOF_BASE_MSG_MAX)
-RECORD_START = 0x1C
+# tag the next line) nor a byte that could end the frame.
+FRAME_MAX = 4096  # PIPE_BUF on Linux, and Open MPI 4.1's read size (ORTE_IOF_BASE_MSG_MAX)
+FRAME_START = 0x1C
 ESCAPE = 0x1D
 LINE_END = 0x1E
-RECORD_END = 0x1F
+FRAME_END = 0x1F
 # Kinds: the program's stdout and stderr as lines (what follows the last LINE_END waits for the rest of its
 # line), the same but shown at once whole or not (a line in progress, launcher_tag_output=false), and the
 # wrapper's own start and failure reports (one JSON document a line).
@@ -46,9 +46,10 @@ _SPECIAL = re.compile(rb"[\x1c-\x1f]")
 RANK_ARGV = "SMHVD_RANK_ARGV"
 # "0": the program's lines are passed on whole but untagged (launcher_tag_output).
 TAG_OUTPUT = "SMHVD_TAG_OUTPUT"
-# "records": the launcher's supervisor reads the wrapper's stderr as records (above).
+# OUTPUT_FRAMED (the value "records"): the rank wrapper writes its stderr as frames (above), which the
+# launcher's supervisor reads.
 OUTPUT_CHANNEL = "SMHVD_RANK_OUTPUT"
-RECORDS = "records"
+OUTPUT_FRAMED = "records"
 # Where each host's `train` serves its ranks' environment: the leader's own directory (roles/hostenv.py).
 HOSTENV_SERVED_FROM = "SMHVD_HOSTENV"
 
@@ -96,44 +97,44 @@ def unescape(data: bytes) -> bytes:
     return data
 
 
-def records(kind: int, data: bytes) -> list[bytes]:
-    """`data` (one stream's bytes, or JSON lines) as records of at most RECORD_MAX bytes each. Pure."""
+def frames(kind: int, data: bytes) -> list[bytes]:
+    """`data` (one stream's bytes, or JSON lines) as frames of at most FRAME_MAX bytes each. Pure."""
     body = escape(data).replace(b"\n", b"\x1e")
-    room = RECORD_MAX - 3
-    head = bytes((RECORD_START, kind))
+    room = FRAME_MAX - 3
+    head = bytes((FRAME_START, kind))
     out: list[bytes] = []
     start = 0
     while start < len(body):
         end = min(start + room, len(body))
         if end < len(body) and body[end - 1] == ESCAPE:
-            end -= 1  # an escape and its digit stay in one record
+            end -= 1  # an escape and its digit stay in one frame
         out.append(head + body[start:end] + b"\x1f")
         start = end
     return out
 
 
-def writes(recs: list[bytes]) -> list[bytes]:
-    """Records packed into writes of at most RECORD_MAX bytes, each holding whole records. Pure."""
+def writes(encoded: list[bytes]) -> list[bytes]:
+    """Frames (`encoded`) packed into writes of at most FRAME_MAX bytes, each holding whole frames. Pure."""
     out: list[bytes] = []
     batch = b""
-    for rec in recs:
-        if len(batch) + len(rec) > RECORD_MAX:
+    for frame in encoded:
+        if len(batch) + len(frame) > FRAME_MAX:
             out.append(batch)
             batch = b""
-        batch += rec
+        batch += frame
     if batch:
         out.append(batch)
     return out
 
 
 def body_lines(body: bytes) -> bytes:
-    """A record body's bytes as the stream had them (LINE_END back to newlines, escapes undone). Pure."""
+    """A frame body's bytes as the stream had them (LINE_END back to newlines, escapes undone). Pure."""
     return unescape(body.replace(b"\x1e", b"\n"))
 
 
 @dataclass(frozen=True)
 class RankStart:
-    """A rank wrapper's start (START records), for the job summary."""
+    """A rank wrapper's start (START frames), for the job summary."""
 
     rank: int | None
     host: str | None
@@ -157,7 +158,7 @@ class RankStart:
 
 @dataclass(frozen=True)
 class RankFailure:
-    """A failed rank (FAILURE records, or mpirun's own account of it): the leader takes the first as the
+    """A failed rank (FAILURE frames, or mpirun's own account of it): the leader takes the first as the
     job's root cause (report/failure.py)."""
 
     rank: int | None

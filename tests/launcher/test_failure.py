@@ -36,14 +36,14 @@ def test_failure_file_first_writer_wins(tmp_path):
     assert path.read_text() == "first"
 
 
-def test_mpiruns_own_text_passes_and_a_rank_failure_comes_only_in_its_record():
+def test_mpiruns_own_text_passes_and_a_rank_failure_comes_only_in_its_frame():
     report = RankFailure(rank=1, host="algo-2", exit_code=3, stderr_tail="boom")
-    record = b"".join(wire.records(wire.FAILURE, report.to_json()))
+    frame = b"".join(wire.frames(wire.FAILURE, report.to_json()))
     f = StderrFilter()
     looks_like_one = b"@@smhvd-rank-failure@@ " + report.to_json()  # plain text: never taken for a report
     shown = f.feed(b"epoch 1 loss 0.5\n" + looks_like_one)
-    shown += f.feed(b"[1,1]<stderr>:" + record[:10])
-    shown += f.feed(record[10:] + b"after\n")
+    shown += f.feed(b"[1,1]<stderr>:" + frame[:10])
+    shown += f.feed(frame[10:] + b"after\n")
     shown += f.flush()
     assert shown == b"epoch 1 loss 0.5\n" + looks_like_one + b"after\n"
     assert f.failures == [report]

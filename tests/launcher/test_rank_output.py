@@ -1,4 +1,4 @@
-"""A rank's output on its way to the log: the records (wire.py), a stream's lines (proc/lines.py) and the
+"""A rank's output on its way to the log: the frames (wire.py), a stream's lines (proc/lines.py) and the
 leader's reassembly of what mpirun forwards (mpi/output.py), checked against Open MPI 4.1's own forwarding.
 
 `openmpi_forward` does what Open MPI 4.1.4's --tag-output forwarding does with the ranks' stderr pipes (seen
@@ -17,7 +17,7 @@ import pytest
 from smhvd import wire
 from smhvd.config.launcher_options import split_mpi_options
 from smhvd.errors import ConfigError
-from smhvd.mpi.output import Records, StderrFilter
+from smhvd.mpi.output import FrameReader, StderrFilter
 from smhvd.proc.lines import PROGRESS_EVERY, Lines, tag, visible
 from smhvd.report.failure import compose
 from smhvd.wire import RankFailure, RankStart
@@ -33,16 +33,16 @@ def test_escaping_round_trips_every_byte_and_leaves_no_control_byte():
     assert wire.unescape(escaped) == data
 
 
-def test_records_are_whole_writes_of_at_most_pipe_buf_without_newlines():
+def test_frames_are_whole_writes_of_at_most_pipe_buf_without_newlines():
     data = b"".join(b"line %d " % i + bytes([i % 256]) * (i % 50) + b"\n" for i in range(3000))
-    recs = wire.records(wire.STDOUT, data)
+    frames = wire.frames(wire.STDOUT, data)
     assert all(
-        len(r) <= wire.RECORD_MAX and r[0] == wire.RECORD_START and r[-1] == wire.RECORD_END for r in recs
+        len(r) <= wire.FRAME_MAX and r[0] == wire.FRAME_START and r[-1] == wire.FRAME_END for r in frames
     )
-    assert all(b"\n" not in r and r.count(wire.RECORD_END) == 1 for r in recs)
-    writes = wire.writes(recs)
-    assert b"".join(writes) == b"".join(recs) and all(len(w) <= wire.RECORD_MAX for w in writes)
-    assert wire.body_lines(b"".join(r[2:-1] for r in recs)) == data
+    assert all(b"\n" not in r and r.count(wire.FRAME_END) == 1 for r in frames)
+    writes = wire.writes(frames)
+    assert b"".join(writes) == b"".join(frames) and all(len(w) <= wire.FRAME_MAX for w in writes)
+    assert wire.body_lines(b"".join(r[2:-1] for r in frames)) == data
 
 
 def openmpi_forward(writes: dict[int, list[bytes]], texts: list[bytes], rng: random.Random) -> bytes:
@@ -71,16 +71,16 @@ def openmpi_forward(writes: dict[int, list[bytes]], texts: list[bytes], rng: ran
 
 def wrapper_writes(rank: int, lines: list[bytes], failure: RankFailure | None = None) -> list[bytes]:
     """What the rank wrapper writes for these lines of its program (stdout and stderr alternating)."""
-    out = list(wire.writes(wire.records(wire.START, RankStart(rank, "algo-1", 1.5).to_json())))
+    out = list(wire.writes(wire.frames(wire.START, RankStart(rank, "algo-1", 1.5).to_json())))
     stream = {0: Lines(tag(rank, "algo-1", "stdout")), 1: Lines(tag(rank, "algo-1", "stderr"))}
     for i, line in enumerate(lines):
         kind = wire.STDOUT if i % 2 == 0 else wire.STDERR
         for piece in (line[:7], line[7:] + b"\n"):  # an unbuffered print writes a line in pieces
             got = stream[i % 2].feed(piece, 0.0)
             if got.lines:
-                out += wire.writes(wire.records(kind, got.lines))
+                out += wire.writes(wire.frames(kind, got.lines))
     if failure is not None:
-        out += wire.writes(wire.records(wire.FAILURE, failure.to_json()))
+        out += wire.writes(wire.frames(wire.FAILURE, failure.to_json()))
     return out
 
 
@@ -130,11 +130,11 @@ def test_every_line_of_every_rank_is_rebuilt_whole_in_order_whatever_mpirun_cut_
     assert output.failures == [failure]
 
 
-def test_records_of_a_rank_run_without_mpirun_and_text_around_them():
+def test_frames_of_a_rank_run_without_mpirun_and_text_around_them():
     writes = wrapper_writes(0, [b"hello world", b"to stderr"])
-    records = Records()
-    events = records.feed(b"plain text\n" + b"".join(writes) + b"Traceback (most recent call last):\n")
-    events += records.finish()
+    reader = FrameReader()
+    events = reader.feed(b"plain text\n" + b"".join(writes) + b"Traceback (most recent call last):\n")
+    events += reader.finish()
     assert (0, b"plain text\n") in events
     assert (wire.STDOUT, b"[0,algo-1]<stdout>: hello world\n") in events
     assert (wire.STDERR, b"[0,algo-1]<stderr>: to stderr\n") in events
@@ -142,17 +142,17 @@ def test_records_of_a_rank_run_without_mpirun_and_text_around_them():
 
 
 def test_a_line_the_wrapper_wrote_itself_keeps_open_mpis_tag():
-    events = Records().feed(b"[1,3]<stderr>:Traceback (most recent call last):\n[1,3]<stderr>:  File x\n")
+    events = FrameReader().feed(b"[1,3]<stderr>:Traceback (most recent call last):\n[1,3]<stderr>:  File x\n")
     assert (
         b"".join(data for _, data in events)
         == b"[1,3]<stderr>:Traceback (most recent call last):\n[1,3]<stderr>:  File x\n"
     )
 
 
-def test_a_line_longer_than_a_record_is_joined_again():
+def test_a_line_longer_than_a_frame_is_joined_again():
     line = b"x" * 300_000
     writes = wrapper_writes(0, [line, b"short"])
-    events = Records().feed(b"".join(writes))
+    events = FrameReader().feed(b"".join(writes))
     assert events[1] == (wire.STDOUT, tag(0, "algo-1", "stdout") + line + b"\n")
 
 
@@ -200,7 +200,7 @@ def test_a_long_coloured_non_ascii_traceback_survives_as_a_failure():
         + "ValueError: Ursache"
     )
     failure = RankFailure(rank=0, host="algo-1", exit_code=1, stderr_tail=text)
-    data = b"".join(wire.writes(wire.records(wire.FAILURE, failure.to_json())))
+    data = b"".join(wire.writes(wire.frames(wire.FAILURE, failure.to_json())))
     output = StderrFilter()
     output.feed(data)
     output.flush()

@@ -1,4 +1,4 @@
-"""The job summary: rank start records, the summary itself, and the Horovod share of a timeline."""
+"""The job summary: rank start frames, the summary itself, and the Horovod share of a timeline."""
 
 import json
 
@@ -10,10 +10,10 @@ from smhvd.report.summary import horovod_op_share, summarize, timeline_events, u
 from smhvd.wire import RankStart
 
 
-def test_start_records_are_taken_from_mpiruns_output_and_read_back():
+def test_start_frames_are_taken_from_mpiruns_output_and_read_back():
     start = RankStart(rank=1, host="algo-2", at=1000.5)
     output = StderrFilter()
-    text = b"epoch 1\n[1,1]<stderr>:" + b"".join(wire.records(wire.START, start.to_json())) + b"epoch 2\n"
+    text = b"epoch 1\n[1,1]<stderr>:" + b"".join(wire.frames(wire.START, start.to_json())) + b"epoch 2\n"
     shown = b"".join(output.feed(text[i : i + 3]) for i in range(0, len(text), 3)) + output.flush()
     assert shown == b"epoch 1\nepoch 2\n"
     assert output.starts == [start]

@@ -1,14 +1,14 @@
-"""Read mpirun's stderr as it streams: the ranks' records, mpirun's own words, and mpirun's verdict.
+"""Read mpirun's stderr as it streams: the ranks' frames, mpirun's own words, and mpirun's verdict.
 
 mpirun runs with --tag-output, so every piece of a rank wrapper's stderr that Open MPI read (at most
-wire.RECORD_MAX bytes) comes behind a tag naming its rank, `[JOB,RANK]<stderr>:`. The wrapper writes whole
-records of at most that size in one write each (wire.py), so a piece ends at the end of a record unless it is
-RECORD_MAX bytes long. `Records` follows each rank's pieces with that rule, joins each rank's records and
+wire.FRAME_MAX bytes) comes behind a tag naming its rank, `[JOB,RANK]<stderr>:`. The wrapper writes whole
+frames of at most that size in one write each (wire.py), so a piece ends at the end of a frame unless it is
+FRAME_MAX bytes long. `FrameReader` follows each rank's pieces with that rule, joins each rank's frames and
 each stream's lines whatever came between them (other ranks' pieces, mpirun's own messages), and hands on
-whole lines; everything that is not a record (mpirun's and Open MPI's own messages) passes as text. The
+whole lines; everything that is not a frame (mpirun's and Open MPI's own messages) passes as text. The
 design and why it holds: docs/output.md.
 
-`StderrFilter` routes what `Records` gives: the ranks' stdout lines to stdout, their stderr lines and
+`StderrFilter` routes what `FrameReader` gives: the ranks' stdout lines to stdout, their stderr lines and
 mpirun's text to stderr, the start and failure reports to the job summary and the failure file. When no
 failure report arrived (the wrapper itself was killed), `parse_mpirun_verdict` reads mpirun's own message
 for the failing rank, host and code.
@@ -26,18 +26,18 @@ from collections import deque
 from smhvd import wire
 from smhvd.wire import RankFailure, RankStart
 
-TEXT = 0  # Records' kind for what is not a record
+TEXT = 0  # FrameReader's kind for what is not a frame
 MAX_LINE = 1 << 20  # a rank's line in progress is held up to this size, then passed on as it is
-_DIRECT = b"-"  # the rank of records that came without a tag (one rank wrapper run without mpirun)
+_DIRECT = b"-"  # the rank of frames that came without a tag (one rank wrapper run without mpirun)
 _TAG = re.compile(rb"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
 _TEXT_END = re.compile(rb"\n|\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:|\x1c")
 _NOW = {wire.STDOUT_NOW: wire.STDOUT, wire.STDERR_NOW: wire.STDERR}
 _LINES = (wire.STDOUT, wire.STDERR)
 
 
-class Records:
+class FrameReader:
     """mpirun --tag-output's stderr (or one rank wrapper's, run directly) taken apart. `feed` returns, in
-    order, (TEXT, bytes) for what is not a record and (kind, bytes) for the whole lines of each record kind
+    order, (TEXT, bytes) for what is not a frame and (kind, bytes) for the whole lines of each frame kind
     (wire.STDOUT and wire.STDERR: the streams' bytes; wire.START and wire.FAILURE: one JSON a line)."""
 
     def __init__(self) -> None:
@@ -45,7 +45,7 @@ class Records:
         self._rank: bytes | None = None  # the rank whose piece is being read
         self._left: int | None = None  # at most this many bytes of the piece are left (None: no limit)
         self._tag = b""  # the piece's tag, until something of the piece was read
-        self._records: dict[bytes, bytearray] = {}  # per rank: the record being read (its kind first)
+        self._frames: dict[bytes, bytearray] = {}  # per rank: the frame being read (its kind first)
         self._pending: dict[tuple[bytes, int], bytes] = {}  # per rank and kind: its line in progress
 
     def feed(self, data: bytes, final: bool = False) -> list[tuple[int, bytes]]:
@@ -59,12 +59,12 @@ class Records:
             if buf[p] == ord("["):
                 tagged = _TAG.match(buf, p)
                 if tagged:
-                    self._rank, self._left, self._tag = tagged.group(1), wire.RECORD_MAX, tagged.group(0)
+                    self._rank, self._left, self._tag = tagged.group(1), wire.FRAME_MAX, tagged.group(0)
                     p = tagged.end()
                     continue
                 if not final and n - p < 64 and b"\n" not in buf[p:]:
                     break  # perhaps a tag cut short
-            elif buf[p] == wire.RECORD_START:
+            elif buf[p] == wire.FRAME_START:
                 self._rank, self._left, self._tag = _DIRECT, None, b""
                 continue
             found = _TEXT_END.search(buf, p) if buf[p] == ord("\n") else _TEXT_END.search(buf, p + 1)
@@ -84,22 +84,22 @@ class Records:
         rank = self._rank
         assert rank is not None
         limit = len(buf) if self._left is None else min(len(buf), p + self._left)
-        record = self._records.get(rank)
-        if record is None:  # between records
-            if buf[p] != wire.RECORD_START:  # the piece ended here: what follows is not this rank's
+        frame = self._frames.get(rank)
+        if frame is None:  # between frames
+            if buf[p] != wire.FRAME_START:  # the piece ended here: what follows is not this rank's
                 if self._tag:  # a line the rank wrapper wrote itself, behind Open MPI's tag
                     events.append((TEXT, self._tag))
                 self._rank = None
                 return 0
-            self._records[rank] = bytearray()
+            self._frames[rank] = bytearray()
             end = p + 1
         else:
             found = buf.find(b"\x1f", p, limit)
             end = limit if found < 0 else found + 1
-            record += buf[p : end if found < 0 else found]
+            frame += buf[p : end if found < 0 else found]
             if found >= 0:
-                del self._records[rank]
-                self._complete(rank, bytes(record), events)
+                del self._frames[rank]
+                self._complete(rank, bytes(frame), events)
         self._tag = b""
         if self._left is not None:
             self._left -= end - p
@@ -107,10 +107,10 @@ class Records:
                 self._rank = None
         return end - p
 
-    def _complete(self, rank: bytes, record: bytes, events: list[tuple[int, bytes]]) -> None:
-        if not record:
+    def _complete(self, rank: bytes, frame: bytes, events: list[tuple[int, bytes]]) -> None:
+        if not frame:
             return
-        kind, body = record[0], record[1:]
+        kind, body = frame[0], frame[1:]
         if kind not in wire.KINDS:
             events.append((TEXT, wire.body_lines(body)))
             return
@@ -130,11 +130,11 @@ class Records:
             events.append((stream, wire.body_lines(out)))
 
     def finish(self) -> list[tuple[int, bytes]]:
-        """The stream ended: what is left, records cut short and lines without their end included."""
+        """The stream ended: what is left, frames cut short and lines without their end included."""
         events = self.feed(b"", final=True)
-        for rank, record in list(self._records.items()):
-            self._complete(rank, bytes(record), events)
-        self._records.clear()
+        for rank, frame in list(self._frames.items()):
+            self._complete(rank, bytes(frame), events)
+        self._frames.clear()
         for (_, stream), pending in self._pending.items():
             if stream in _LINES:
                 events.append((stream, wire.body_lines(pending) + b"\n"))
@@ -174,9 +174,9 @@ def first_sentence(lines: list[str]) -> str:
 
 class StderrFilter:
     def __init__(self, keep_bytes: int = 16384) -> None:
-        self.records = Records()
+        self.reader = FrameReader()
         self.failures: list[RankFailure] = []
-        self.starts: list[RankStart] = []  # each rank's start (the rank wrappers' start records)
+        self.starts: list[RankStart] = []  # each rank's start (the rank wrappers' start frames)
         self._tail: deque[bytes] = deque()
         self._tail_size = 0
         self._keep = keep_bytes
@@ -188,11 +188,11 @@ class StderrFilter:
 
     def feed(self, data: bytes) -> bytes:
         """What to show on stderr of `data` (the ranks' stdout lines are kept for take_stdout)."""
-        return self._route(self.records.feed(data))
+        return self._route(self.reader.feed(data))
 
     def flush(self) -> bytes:
         """mpirun's stderr ended: what is left of it."""
-        return self._route(self.records.finish())
+        return self._route(self.reader.finish())
 
     def _route(self, events: list[tuple[int, bytes]]) -> bytes:
         shown = bytearray()
