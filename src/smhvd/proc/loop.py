@@ -5,16 +5,10 @@ select.
 A wait registers what it reacts to, each with a callback, and runs the loop until a callback calls `stop()`.
 Each round fires the timers that are due, then waits for the next event (at most until the next timer) and
 calls each ready file's callback. Once `stop()` was called nothing more is handled: neither the rest of the
-round's events nor due timers (as the hand-written loops it replaces returned at once).
+round's events nor due timers. A pidfd is closed when it is forgotten, or else when the loop ends.
 
-It runs what were seven selector loops of their own: "read this process's output until it exits"
-(`follow_output`) for the rank wrapper (with its progress-bar timer) and the preparation steps (with their
-deadline), the link relay, the supervisor's mpirun (stderr, signals, exit; its timers), the worker's wait for
-the leader (the link server and links, signals; its deadlines), the host environment's server (in a thread
-of its own, roles/hostenv.py, since it answers ranks while the main thread is busy: its answers as writers,
-their send deadlines as one timer) and the leader's connect loop (roles/peers.py: each worker's port probe a
-non-blocking connect as a writer, each ssh attempt's output a reader and its exit a pidfd, the retry delays
-and the deadline timers, the caller's SignalWatch).
+`follow_output` is the one wait "read this process's output until it exits". Which waits run on a loop, and
+how it came to replace their own loops: docs/architecture.md.
 """
 
 from __future__ import annotations
