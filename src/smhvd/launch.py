@@ -21,7 +21,6 @@ from smhvd.mpi.supervisor import supervise
 from smhvd.proc.processes import become_subreaper, kill_descendants
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.stopping import StopRequested
-from smhvd.roles import hostenv
 from smhvd.roles.leader import conclude, rank_command, run_leader
 from smhvd.roles.worker import run_worker
 from smhvd.sourcecode import (
@@ -112,7 +111,6 @@ def launch(
         argv, env = sdk_v3.hand_back_command(os.environ)
         os.execve(argv[0], argv, env)  # noqa: S606 (v3's own command)
     job = load_job(paths, v3=v3)  # from here on, one job whichever SDK wrote the files
-    hostenv.fetch_timeout(os.environ)  # the ranks' wait for their environment: a bad value is 78 here
     refuse_output_env(os.environ)  # OMPI_MCA_orte_xml_output=1 is --xml: 78, as in custom_mpi_options
     if job_log_level is not None and job.options.program.log_level is not None:
         job_log_level(job.options.program.log_level)  # the SDK's container_log_level (logging.DEBUG=10, ...)

@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from smhvd.env_options import read_env_options
 from smhvd.errors import HostEnvError
 from smhvd.proc.loop import Loop
 from smhvd.proc.timers import Timer
@@ -53,12 +52,6 @@ BACKLOG = 4096  # every rank of a large host may ask at the same moment (the ker
 SEND_TIMEOUT = 10.0  # a client that takes nothing of its answer for this long is dropped
 MAX_PENDING = 1024  # answers being sent at once; more connections wait in the listen queue
 _OWN_NAMES = (ENV_SOCKET, LINK_SOCKET, PID_FILE, PID_FILE + ".tmp")  # all `train` ever writes there
-
-
-def fetch_timeout(env: Mapping[str, str]) -> float:
-    """How long this host's ranks wait for its answer: SMHVD_HOSTENV_TIMEOUT (env_options.py; `train` has read
-    every environment option at start, cli.py)."""
-    return read_env_options(env).hostenv_timeout
 
 
 def leader_directory() -> Path:
