@@ -218,15 +218,26 @@ def summary_of(cluster: Cluster) -> dict[str, object]:
     return json.loads((cluster.ml_dir("algo-1") / "output" / "data" / "job-summary.json").read_text())
 
 
+def figures(preflight: dict[str, object]) -> str:
+    """What a failed assertion shows: who was named, the medians, each host's link figures and reasons."""
+    hosts = preflight.get("hosts")
+    links = {
+        name: {k: v for k, v in facts.items() if k.startswith("link_") or k in ("reasons", "probe_seconds")}
+        for name, facts in (hosts.items() if isinstance(hosts, dict) else ())
+    }
+    shown = {key: preflight.get(key) for key in ("named", "medians", "notes", "seconds")}
+    return json.dumps(shown | {"hosts": links})
+
+
 def marks(cluster: Cluster) -> list[str]:
     return sorted(p.name for h in HOSTS for p in (cluster.ml_dir(h) / "output" / "data").glob("ran-*"))
 
 
 def test_a_healthy_cluster_names_no_host_and_the_job_runs(setup: Setup) -> None:
     results = run_job(setup, "fail")
-    assert {h: r.exit_code for h, r in results.items()} == dict.fromkeys(HOSTS, 0)
     preflight = summary_of(setup.cluster)["preflight"]
     assert isinstance(preflight, dict)
+    assert {h: r.exit_code for h, r in results.items()} == dict.fromkeys(HOSTS, 0), figures(preflight)
     assert preflight["named"] == []
     assert sorted(preflight["hosts"]) == sorted(HOSTS)
     assert marks(setup.cluster) == [f"ran-{r}" for r in range(len(HOSTS))]
@@ -244,7 +255,7 @@ def test_the_bad_host_and_no_other_is_named(setup: Setup, fault: str, policy: st
     preflight = summary_of(cluster)["preflight"]
     assert isinstance(preflight, dict)
     named = preflight["named"]
-    assert [n["host"] for n in named] == [bad], named
+    assert [n["host"] for n in named] == [bad], figures(preflight)
     assert says in named[0]["reason"]
     log = results["algo-1"].log.read_text()
     verdict = [line for line in log.splitlines() if "pre-flight: 1 of 4 host(s) named" in line]

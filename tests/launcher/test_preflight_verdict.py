@@ -194,6 +194,22 @@ def test_rounds_cover_every_pair_on_small_clusters_and_the_ring_above() -> None:
     assert network.sized(1e9) == network.MAX_BYTES
 
 
+def test_a_link_measured_alone_is_put_on_the_rounds_scale_but_never_lifted() -> None:
+    # Alone a link has the CPUs to itself: the median link ran 600 alone against 300 in the rounds.
+    assert network.on_rounds_scale(100.0, med=300.0, reference_alone=600.0) == 50.0
+    # A reference descheduled while alone (5 MB/s against a median of 230) would have lifted a 2.4 MB/s link
+    # 46 times, over the threshold: the scale is at most 1.
+    assert network.on_rounds_scale(2.4, med=230.0, reference_alone=5.0) == 2.4
+    assert network.on_rounds_scale(2.4, med=230.0, reference_alone=None) == 0.0
+
+
+def test_a_late_round_trip_is_far_above_the_median_in_ratio_and_in_time() -> None:
+    assert network.late_trip(1.223, 0.018, 0.5)
+    assert not network.late_trip(0.9, 0.018, 0.5)  # 50 times the median, but within the 1 ms floor
+    assert not network.late_trip(1.5, 1.0, 0.5)  # 0.5 ms over, within the ratio
+    assert not network.late_trip(5.0, None, 0.5)
+
+
 def test_probe_lines_tagged_by_mpirun_or_alone() -> None:
     line = f'[1,3]<stdout>:{PREFLIGHT_MARK}{{"facts":{{"cpus":2}},"t":0.4}}'.encode()
     assert parse_line(line) == (3, {"facts": {"cpus": 2}, "t": 0.4})

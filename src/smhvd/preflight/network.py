@@ -2,7 +2,8 @@
 and options the job's own ranks get, since the probe runs under the job's mpirun command line.
 
 Links are measured in rounds: in the round of offset d every rank sends to ranks r+d and r-d and receives
-from them, all at once (non-blocking), and times each receive from a barrier. Offsets 1..N/2 (every pair) up
+from them, all at once (non-blocking), and times each receive from the moment it asked for it (the sender
+sends on that word: `exchange`). Offsets 1..N/2 (every pair) up
 to ALL_PAIRS_UP_TO hosts, offset 1 (the ring, both ways) above. First each round carries 256 KiB a link (a
 rough rate for each); then, every rank knowing every link's rough rate (allgather), each round is done REPEATS
 times, each link carrying what it carries in about SECONDS_PER_LINK, between 64 KiB and 32 MiB: a fast link is
@@ -29,10 +30,14 @@ SECONDS_PER_LINK = 0.03
 POLL = 0.0005  # seconds between looks at a request a rank waits for
 PATIENT_POLL = 0.01  # ... at most, for a rank that waits while others measure
 CONFIRM_SECONDS = 0.1
+CONFIRM_TRIES = 2  # each link measured alone this many times, its best kept
 MAX_CONFIRMED = 16  # suspect links measured again alone, the slowest first
 REPEATS = 2  # the measured rounds, each link's best kept (a busy host only ever slows a link down)
 PINGS = 5
+CONFIRM_PINGS = 20  # a late round trip's second look
+RTT_FLOOR_MS = 1.0  # a round trip is named only this far above the median too (scheduling noise)
 TAG = 7117
+GO_TAG = 7118  # a receiver's word to its sender: my clock runs, send
 
 Link = tuple[int, int]  # (source rank, destination rank)
 
@@ -77,26 +82,47 @@ def idle_wait(request: Any, longest: float = POLL) -> Any:
 
 
 def exchange(
-    comm: Any, mpi: Any, rank: int, peers: list[int], size_of: Callable[[Link], int]
+    comm: Any,
+    mpi: Any,
+    rank: int,
+    peers: list[int],
+    size_of: Callable[[Link], int],
+    clock: Callable[[], float] = time.perf_counter,
+    *,
+    sends_to: list[int] | None = None,
 ) -> dict[int, float]:
-    """One round: send to and receive from each of `peers` at once; by source, the MB/s of its link, timed
-    from the barrier to the receive's completion."""
-    payload = bytearray(max((size_of((rank, p)) for p in peers), default=0))
+    """One round: receive from each of `peers` and send to each of `sends_to` (by default `peers` too: both
+    ways at once); by source, the MB/s of its link, timed from the moment this rank asked for it to the
+    receive's completion.
+
+    A sender sends only once its receiver has asked (a GO message, sent after the receiver's clock started):
+    else a receiver that is late to start its clock (descheduled after the barrier, on a busy host) finds a
+    message below the transport's eager limit already delivered, and a 2.5 MB/s link reads as 30-70 MB/s. A
+    late sender only makes a link look slower, which the best of the rounds absorbs."""
+    destinations = peers if sends_to is None else sends_to
+    payload = bytearray(max((size_of((rank, p)) for p in destinations), default=0))
     buffers = {p: bytearray(size_of((p, rank))) for p in peers}
     idle_wait(comm.Ibarrier())
-    start = time.perf_counter()
+    start = clock()
     receives = [comm.Irecv([buffers[p], mpi.BYTE], source=p, tag=TAG) for p in peers]
-    sends = [
-        comm.Isend([memoryview(payload)[: size_of((rank, p))], mpi.BYTE], dest=p, tag=TAG) for p in peers
-    ]
+    asked = [comm.Isend([bytearray(1), mpi.BYTE], dest=p, tag=GO_TAG) for p in peers]
+    waiting = {p: comm.Irecv([bytearray(1), mpi.BYTE], source=p, tag=GO_TAG) for p in destinations}
+    sends = []
     took: dict[int, float] = {}
-    while len(took) < len(peers):
+    while len(took) < len(peers) or waiting:
+        progressed = False
+        for dest in [p for p, request in waiting.items() if request.Test()]:
+            del waiting[dest]
+            data = memoryview(payload)[: size_of((rank, dest))]
+            sends.append(comm.Isend([data, mpi.BYTE], dest=dest, tag=TAG))
+            progressed = True
         index, done = mpi.Request.Testany(receives)
         if done and index != mpi.UNDEFINED:
-            took[peers[index]] = time.perf_counter() - start
-        else:
+            took[peers[index]] = clock() - start
+            progressed = True
+        if not progressed:
             time.sleep(POLL)
-    while not mpi.Request.Testall(sends):
+    while not mpi.Request.Testall([*sends, *asked]):
         time.sleep(POLL)
     return {p: rate(size_of((p, rank)), seconds) for p, seconds in took.items()}
 
@@ -138,12 +164,13 @@ def _same(size: int, _link: Link) -> int:
 
 
 def confirm(comm: Any, mpi: Any, rank: int, best: dict[int, float], ratio: float) -> dict[int, float]:
-    """Measure each suspect link again alone, over CONFIRM_SECONDS, every other rank idle, and beside it,
-    once, the link at the median, alone too: measured together, links share the hosts' CPUs (on a simulated
-    cluster, one machine's) and a short window is at the mercy of one descheduling, so a link can look slow
-    that is not. A suspect's figure becomes the better of what it had and its alone figure scaled by
-    median / the median link's alone figure: like is compared with like, and a link slow alone too stays
-    slow. Every rank computes the same suspects and reference from the allgathered figures."""
+    """Measure each suspect link again alone, over CONFIRM_SECONDS, every other rank idle, and beside it the
+    link at the median, alone too; CONFIRM_TRIES times, each keeping its best. Measured together, links share
+    the hosts' CPUs (on a simulated cluster, one machine's) and a short window is at the mercy of one
+    descheduling, so a link can look slow that is not. A suspect's figure becomes the better of what it had
+    and its alone figure on the rounds' scale (`on_rounds_scale`): like is compared with like, and a link
+    slow alone too stays slow. Every rank computes the same suspects and reference from the allgathered
+    figures."""
     every = {
         (src, dst): mb_s for dst, rates in enumerate(comm.allgather(best)) for src, mb_s in rates.items()
     }
@@ -154,45 +181,76 @@ def confirm(comm: Any, mpi: Any, rank: int, best: dict[int, float], ratio: float
     reference = min((abs(mb_s - med), link) for link, mb_s in every.items() if link not in slow)[1]
     confirmed = dict(best)
     alone: dict[Link, float] = {}
-    for src, dst in [reference, *slow]:
-        size = functools.partial(_same, sized(every[(src, dst)], CONFIRM_SECONDS))
-        if rank in (src, dst):
-            took = exchange(comm, mpi, rank, [dst if rank == src else src], size)
-            if rank == dst:
-                alone[(src, dst)] = took[src]
-        else:
-            idle_wait(comm.Ibarrier(), PATIENT_POLL)
+    for _ in range(CONFIRM_TRIES):
+        for src, dst in [reference, *slow]:
+            size = functools.partial(_same, sized(every[(src, dst)], CONFIRM_SECONDS))
+            if rank == src:  # one way: the other way would cross the link under test too
+                exchange(comm, mpi, rank, [], size, sends_to=[dst])
+            elif rank == dst:
+                took = exchange(comm, mpi, rank, [src], size, sends_to=[])
+                alone[(src, dst)] = max(alone.get((src, dst), 0.0), took[src])
+            else:
+                idle_wait(comm.Ibarrier(), PATIENT_POLL)
     reference_alone = comm.bcast(alone.get(reference), root=reference[1])
     for (src, dst), mb_s in alone.items():
-        if (src, dst) != reference and reference_alone:
-            confirmed[src] = max(confirmed[src], round(mb_s * med / reference_alone, 1))
+        if (src, dst) != reference:
+            confirmed[src] = max(confirmed[src], on_rounds_scale(mb_s, med, reference_alone))
     return confirmed
 
 
-def clock_and_latency(comm: Any, rank: int, n: int) -> dict[int, tuple[float, float]]:
-    """On rank 0: (round trip ms, clock offset s) of each other rank; elsewhere {} (collective). A rank waits
-    for its turn without spinning (idle_wait), then answers each stamp at once."""
+def on_rounds_scale(alone: float, med: float, reference_alone: float | None) -> float:
+    """A link's figure measured alone, on the scale of the figures measured in rounds: times median / the
+    median link's own alone figure. Alone, a link has the CPUs to itself and is faster; that factor is at
+    most 1: a reference slower alone than in the rounds was descheduled, and scaling by it would lift a slow
+    link over the threshold (a 2.5 MB/s link read as 131 MB/s, its host never named). Pure."""
+    if not reference_alone:
+        return 0.0
+    return round(alone * min(1.0, med / reference_alone), 1)
+
+
+def clock_and_latency(comm: Any, rank: int, n: int, ratio: float) -> dict[int, tuple[float, float]]:
+    """On rank 0: (round trip ms, clock offset s) of each other rank; elsewhere {} (collective). Each rank
+    is pinged PINGS times in turn; a rank whose best round trip is then `late_trip` is pinged again,
+    CONFIRM_PINGS times, after every other rank had its turn: one busy moment on a loaded host (the same CPUs
+    for every simulated host) may cover five pings in a row, hardly a second look too. A rank waits for its
+    turn without spinning (idle_wait), then answers each stamp at once."""
     found: dict[int, tuple[float, float]] = {}
     if rank == 0:
         for other in range(1, n):
-            comm.send(None, dest=other, tag=TAG)  # your turn
-            comm.recv(source=other, tag=TAG)
-            samples = []
-            for _ in range(PINGS):
-                sent = time.time()
-                comm.send(None, dest=other, tag=TAG)
-                theirs = comm.recv(source=other, tag=TAG)
-                back = time.time()
-                samples.append((back - sent, theirs - (sent + back) / 2))
-            trip, offset = min(samples)
-            found[other] = (round(trip * 1e3, 3), round(offset, 4))
+            found[other] = _pings(comm, other, PINGS)
+        trips = [trip for trip, _ in found.values()]
+        for other in [r for r, (trip, _) in found.items() if late_trip(trip, median(trips), ratio)]:
+            found[other] = min(found[other], _pings(comm, other, CONFIRM_PINGS))
+        for other in range(1, n):
+            comm.send(0, dest=other, tag=TAG)  # no more turns
     else:
-        idle_wait(comm.irecv(source=0, tag=TAG), PATIENT_POLL)
-        comm.send(None, dest=0, tag=TAG)
-        for _ in range(PINGS):
-            comm.recv(source=0, tag=TAG)
-            comm.send(time.time(), dest=0, tag=TAG)  # stamped once the leader's word arrived
+        while count := idle_wait(comm.irecv(source=0, tag=TAG), PATIENT_POLL):  # a turn: how many stamps
+            comm.send(None, dest=0, tag=TAG)
+            for _ in range(count):
+                comm.recv(source=0, tag=TAG)
+                comm.send(time.time(), dest=0, tag=TAG)  # stamped once the leader's word arrived
     return found
+
+
+def _pings(comm: Any, other: int, count: int) -> tuple[float, float]:
+    """The leader's turn with `other`: the best of `count` round trips (ms) and the clock offset (s) then."""
+    comm.send(count, dest=other, tag=TAG)  # your turn
+    comm.recv(source=other, tag=TAG)
+    samples = []
+    for _ in range(count):
+        sent = time.time()
+        comm.send(None, dest=other, tag=TAG)
+        theirs = comm.recv(source=other, tag=TAG)
+        back = time.time()
+        samples.append((back - sent, theirs - (sent + back) / 2))
+    trip, offset = min(samples)
+    return round(trip * 1e3, 3), round(offset, 4)
+
+
+def late_trip(trip_ms: float, median_ms: float | None, ratio: float) -> bool:
+    """A round trip that names its host: above median / ratio, and RTT_FLOOR_MS above the median (on a
+    quiet network a few microseconds more is no finding). Pure."""
+    return median_ms is not None and trip_ms * ratio > median_ms and trip_ms > median_ms + RTT_FLOOR_MS
 
 
 def median(values: Iterable[float | None]) -> float | None:

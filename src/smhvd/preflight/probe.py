@@ -124,9 +124,10 @@ def run(spec: Mapping[str, Any], out: Out) -> None:
     if several and not isinstance(mpi, str):
         MPI, comm = mpi
         n = comm.Get_size()
-        links = network.measure_links(comm, MPI, float(spec["min_ratio"]))
+        ratio = float(spec["min_ratio"])
+        links = network.measure_links(comm, MPI, ratio)
         out.say(links={hosts[src]: mb_s for src, mb_s in links.items()})
-        clock = network.clock_and_latency(comm, rank, n)
+        clock = network.clock_and_latency(comm, rank, n, ratio)
         if rank == 0:
             out.say(clock={hosts[r]: {"rtt_ms": rtt, "offset_s": off} for r, (rtt, off) in clock.items()})
         network.idle_wait(comm.Ibarrier(), network.PATIENT_POLL)  # none spins in MPI_Finalize meanwhile

@@ -16,12 +16,9 @@ from typing import Any
 
 from smhvd.config.instance_types import EXPECTED_BUSBW_GBPS, gpu_count
 from smhvd.config.launcher_options import PreflightOptions
-from smhvd.preflight.network import median
+from smhvd.preflight.network import late_trip, median
 
 Facts = Mapping[str, Any]  # one host's facts as its probe wrote them (facts.HostFacts as JSON)
-RTT_FLOOR_MS = (
-    1.0  # a round trip is named only this far above the median too (scheduling noise on a busy host)
-)
 
 
 @dataclass(frozen=True)
@@ -210,7 +207,7 @@ def _version_reasons(facts: Mapping[str, Facts], leader: str) -> dict[str, list[
 def _latency_reasons(
     clock: Mapping[str, Mapping[str, float]], ratio: float
 ) -> tuple[dict[str, str], float | None]:
-    """Hosts whose round trip from the leader is above median / ratio (and RTT_FLOOR_MS above the median)."""
+    """Hosts whose round trip from the leader is late (network.late_trip)."""
     trips = {h: c["rtt_ms"] for h, c in clock.items() if c.get("rtt_ms") is not None}
     med = median(list(trips.values()))
     if med is None or len(trips) < 3:
@@ -218,7 +215,7 @@ def _latency_reasons(
     return {
         h: f"round trip from the leader {trip:g} ms; median {med:g} ms"
         for h, trip in trips.items()
-        if trip * ratio > med and trip > med + RTT_FLOOR_MS
+        if late_trip(trip, med, ratio)
     }, med
 
 
