@@ -1,7 +1,8 @@
 """Shared fixtures: a SageMaker /opt/ml tree with a code directory and running the real `train` on it; the
 S3 server and the simulated cluster (from support/, registered here so that every test folder sees them).
 
-Test folders mirror the project's parts: launcher/ (src/smhvd), stage/ (src/smhvd_stage), dev/ (dev/: the
+Test folders mirror the project's parts: launcher/ (src/smhvd, its subfolders src/smhvd's: config/, mpi/,
+preflight/, proc/, report/, roles/, runscript/), stage/ (src/smhvd_stage), dev/ (dev/: the
 simulator and the tree writer), examples/ (examples/), images/ (docker/ and bin/, the images and SDK clients).
 A test's tier is its marker: integration (real processes), cluster (network namespaces), images (image
 builds)."""

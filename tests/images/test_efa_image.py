@@ -1,7 +1,7 @@
 """EFA in the CPU image: the launcher's probe has its fi_info, and the image's Open MPI takes libfabric (the
 efa provider) when the launcher's EFA variables are set. No EFA device exists here: the probe must say so
 from fi_info itself (not "fi_info not found"), and Open MPI must select its ofi MTL and then stop, rather than
-fall back to TCP (tests/launcher/test_efa_mpi.py checks the same against this machine's Open MPI)."""
+fall back to TCP (tests/launcher/mpi/test_efa_mpi.py checks the same against this machine's Open MPI)."""
 
 from __future__ import annotations
 

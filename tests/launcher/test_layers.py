@@ -227,3 +227,12 @@ def test_the_rank_wrapper_loads_neither_the_roles_nor_the_jobs_configuration() -
         check=True,
     ).stdout.split()
     assert [m for m in loaded if m.startswith(("smhvd.roles", "smhvd.config"))] == []
+
+
+def test_the_test_folders_mirror_the_launchers_folders() -> None:
+    """tests/launcher/<folder>/ holds the tests of src/smhvd/<folder>/: a folder of tests is a package's."""
+    tests = Path(__file__).resolve().parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    packages = {p.parent.name for p in (SRC / "smhvd").glob("*/__init__.py")}
+    assert folders <= packages, sorted(folders - packages)
+    assert folders, "no folder of tests"

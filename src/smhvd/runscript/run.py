@@ -14,16 +14,17 @@ MPI_Finalize). A KeyboardInterrupt prints its traceback and ends the process by 
 stop request stays a stop. A sys.excepthook that itself raises or exits is reported as Python reports it (its
 error, then the original), and the process ends at once all the same.
 
-Everything else is what `python SCRIPT ARGS` gives the script, and tests/launcher/test_runscript.py compares
-each with plain python: the script's module *is* `sys.modules['__main__']` for the whole life of the process
-(an exit handler that pickles an instance of the script's class works), with the same globals (`__package__`
-None, `__builtins__` the module, `__file__`, `__loader__`, `__spec__`), `sys.argv` as given (the launcher runs
-`train.py` from the code directory, as SageMaker's toolkit does), the script's real directory first on
-sys.path, the same interpreter flags (no `-P` that multiprocessing would pass on), and the same modules
-already loaded. That is why this file is run by its path, not with `-m`, and imports only what the interpreter
-has loaded at start (or forgets it again): while it starts, its own folder (nothing but this file) is first
-on sys.path, not the code directory, so a `typing.py`, `signal.py` or `pkgutil.py` of the user's shadows
-nothing here, and from the script's start on it is imported by the script as under `python SCRIPT`.
+Everything else is what `python SCRIPT ARGS` gives the script, and tests/launcher/runscript/test_runscript.py
+compares each with plain python: the script's module *is* `sys.modules['__main__']` for the whole life of the
+process (an exit handler that pickles an instance of the script's class works), with the same globals
+(`__package__` None, `__builtins__` the module, `__file__`, `__loader__`, `__spec__`), `sys.argv` as given
+(the launcher runs `train.py` from the code directory, as SageMaker's toolkit does), the script's real
+directory first on sys.path, the same interpreter flags (no `-P` that multiprocessing would pass on), and the
+same modules already loaded. That is why this file is run by its path, not with `-m`, and imports only what
+the interpreter has loaded at start (or forgets it again): while it starts, its own folder (nothing but this
+file) is first on sys.path, not the code directory, so a `typing.py`, `signal.py` or `pkgutil.py` of the
+user's shadows nothing here, and from the script's start on it is imported by the script as under
+`python SCRIPT`.
 """
 
 # No `from __future__ import annotations`: it imports __future__ before the note below (hence the quoted

@@ -217,7 +217,7 @@ def test_each_option_is_declared_once_with_a_reserved_key():
     )
 
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "smhvd"
+SRC = Path(__file__).resolve().parents[3] / "src" / "smhvd"
 DECLARING = {SRC / "config" / "launcher_options.py", SRC / "env_options.py"}
 
 

@@ -18,7 +18,7 @@ from smhvd_sim.system import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
-JOB = Path(__file__).parents[1] / "support" / "deadlock_job.py"
+JOB = Path(__file__).parents[2] / "support" / "deadlock_job.py"
 HOSTS = ("algo-1", "algo-2")
 WAITING = "rank 0 on algo-1 in _allreduce (horovod/tensorflow/mpi_ops.py:"
 ELSEWHERE = "rank 1 on algo-2 in busy_elsewhere (deadlock_job.py:17)"

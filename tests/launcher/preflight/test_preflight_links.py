@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 LATE = 0.3
 RATE_MB_S = 2.5  # 20 Mbit/s
 SIZES = (32 << 10, 60_000, 256 << 10)
-SCRIPT = Path(__file__).parents[1] / "support" / "late_receiver.py"
+SCRIPT = Path(__file__).parents[2] / "support" / "late_receiver.py"
 
 
 @pytest.fixture

@@ -442,7 +442,7 @@ def test_train_hands_a_command_job_back_to_v3s_script_and_its_exit_code(tmp_path
     assert "v3 driver ran with BASH_ENV=unset" in proc.stdout, proc.stdout
 
 
-BASH_ENV_FILE = Path(__file__).resolve().parents[2] / "docker" / "scripts" / "sdk-v3-bash-env.sh"
+BASH_ENV_FILE = Path(__file__).resolve().parents[3] / "docker" / "scripts" / "sdk-v3-bash-env.sh"
 
 
 @pytest.mark.integration  # starts processes

@@ -44,7 +44,7 @@ def test_no_efa_adds_nothing():
     assert efa_env(EfaProbe(False, False, "x"), {}) == {}
 
 
-# Open MPI's libfabric path (Debian's Open MPI turns its ofi MTL off): tests/launcher/test_efa_mpi.py
+# Open MPI's libfabric path (Debian's Open MPI turns its ofi MTL off): tests/launcher/mpi/test_efa_mpi.py
 OPEN_MPI_OFI = {"OMPI_MCA_pml": "cm", "OMPI_MCA_mtl": "ofi"}
 
 
