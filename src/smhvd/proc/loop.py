@@ -13,6 +13,7 @@ how it came to replace their own loops: docs/architecture.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import selectors
@@ -148,3 +149,25 @@ def follow_output(
             for chunk in drain_pipe(fd):
                 on_output(fd, chunk)
     return exited
+
+
+def wait_exits(pids: Iterable[int], timeout: float) -> bool:
+    """Wait until every process of `pids` has exited (children or not: a pidfd each), at most `timeout`
+    seconds; True when they all did. A process already gone counts as exited."""
+    ends = Timer("wait_exits deadline")
+    with Loop() as loop:
+        left: dict[int, int] = {}  # pid -> its pidfd
+
+        def exited(pid: int) -> None:
+            loop.forget(left.pop(pid))
+            if not left:
+                loop.stop()
+
+        for pid in set(pids):
+            with contextlib.suppress(ProcessLookupError):  # gone already
+                left[pid] = loop.exit_of(pid, functools.partial(exited, pid))
+        if not left:
+            return True
+        loop.timers.after(ends, timeout, loop.stop)
+        loop.run()
+        return not left

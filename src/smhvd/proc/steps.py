@@ -35,10 +35,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from smhvd.errors import WaitTimeout
-from smhvd.proc.loop import follow_output
+from smhvd.proc.loop import follow_output, wait_exits
 from smhvd.proc.processes import descendants, die_with_parent, is_alive, signal_pids
-from smhvd.proc.waiting import NotYet, wait_until
 
 OUTPUT_LIMIT = 1 << 20  # of each stream, the first and the last half of this many bytes are kept
 STOP_GRACE = 3.0  # SIGTERM, then SIGKILL this long after to what ignored it (as mpirun after an abort)
@@ -249,27 +247,26 @@ def end_tree(proc: subprocess.Popen[bytes], before: set[int], grace: float = STO
     """SIGTERM to the step's group and every process started since it began; SIGKILL after `grace` to what
     is still alive; the step and the orphans it left reaped."""
     _signal_tree(proc, _started_since(before), signal.SIGTERM)
-    _wait_gone(proc, before, grace, "the step's processes to end after SIGTERM")
+    _wait_gone(proc, before, grace)
     _kill(proc, before)
 
 
 def _kill(proc: subprocess.Popen[bytes], before: set[int]) -> None:
     """SIGKILL to the step's group and every process started since it began; the step reaped."""
     _signal_tree(proc, _started_since(before), signal.SIGKILL)
-    _wait_gone(proc, before, STOP_GRACE, "the step's processes to end after SIGKILL")
+    _wait_gone(proc, before, STOP_GRACE)
     proc.wait()
 
 
-def _wait_gone(proc: subprocess.Popen[bytes], before: set[int], timeout: float, what: str) -> None:
-    """Wait (bounded) until nothing started since the step began is alive, reaping the orphans among them."""
-
-    def gone() -> bool | None:
+def _wait_gone(proc: subprocess.Popen[bytes], before: set[int], timeout: float) -> None:
+    """Wait (bounded) until nothing started since the step began is alive, reaping the orphans among them:
+    on the processes' pidfds, then a new look at the tree (what they forked meanwhile), until none is left."""
+    deadline = time.monotonic() + timeout
+    while True:
         started = _started_since(before)
         _reap(pid for pid in started if pid != proc.pid)
         alive = [pid for pid in started if is_alive(pid)]
-        if alive:
-            raise NotYet(f"{len(alive)} process(es) still running")
-        return True
-
-    with contextlib.suppress(WaitTimeout):
-        wait_until(gone, what=what, timeout=timeout, initial=0.005, maximum=0.1)
+        remaining = deadline - time.monotonic()
+        if not alive or remaining <= 0:
+            return
+        wait_exits(alive, remaining)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from smhvd.proc.loop import Loop, follow_output
+from smhvd.proc.loop import Loop, follow_output, wait_exits
 from smhvd.proc.timers import Timer, Timers
 
 # Writes to both streams, leaves a child holding them open (writing nothing), and exits.
@@ -154,3 +154,25 @@ def test_follow_outputs_deadline_leaves_the_callers_timers_alone() -> None:
     finally:
         proc.wait()
     assert sorted(fired) == ["caller's deadline", "caller's handle"]
+
+
+@pytest.mark.integration
+def test_wait_exits_waits_for_children_and_others_and_gives_up_at_its_timeout() -> None:
+    # A child, and a process that is not one (a grandchild, its parent gone), each ending 0.3 s from now.
+    child = subprocess.Popen(["sleep", "0.3"])
+    leaves = ["sh", "-c", "sleep 0.3 >/dev/null 2>&1 & echo $!"]
+    grandchild = int(subprocess.run(leaves, capture_output=True, text=True, check=True).stdout)
+    began = time.monotonic()
+    assert wait_exits([child.pid, grandchild], timeout=30)
+    assert 0.2 < time.monotonic() - began < 10  # waited for them, and not to the timeout
+    assert child.wait() == 0
+    assert wait_exits([child.pid], timeout=30)  # a process gone already
+
+    long = subprocess.Popen(["sleep", "30"])
+    try:
+        began = time.monotonic()
+        assert not wait_exits([long.pid], timeout=0.2)
+        assert 0.15 < time.monotonic() - began < 10
+    finally:
+        long.kill()
+        long.wait()
