@@ -15,12 +15,12 @@ from smhvd.config.job import Job, load_job
 from smhvd.config.launcher_options import refuse_output_env
 from smhvd.config.paths import SageMakerPaths
 from smhvd.environment import training_env
+from smhvd.errors import Stopped
 from smhvd.mpi import efa
 from smhvd.mpi.command import AWS_CREDENTIAL_NAMES
 from smhvd.mpi.supervisor import supervise
 from smhvd.proc.processes import become_subreaper, kill_descendants
 from smhvd.proc.signals import SignalWatch
-from smhvd.proc.stopping import StopRequested
 from smhvd.roles.leader import conclude, rank_command, run_leader
 from smhvd.roles.worker import run_worker
 from smhvd.sourcecode import (
@@ -91,8 +91,8 @@ def step(what: str) -> Iterator[None]:
     started = time.monotonic()
     try:
         yield
-    except StopRequested as exc:
-        raise StopRequested(f"{exc}, during {what} ({time.monotonic() - started:.1f}s in)") from None
+    except Stopped as exc:
+        raise Stopped(f"{exc}, during {what} ({time.monotonic() - started:.1f}s in)") from None
 
 
 def launch(

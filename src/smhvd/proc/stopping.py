@@ -18,9 +18,6 @@ from smhvd.errors import Stopped
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SageMaker's stop, Ctrl-C, a closed terminal
 
 
-StopRequested = Stopped  # launch.py's name for it, until launch.py says Stopped (one class: errors.Stopped)
-
-
 class PreparationSignals:
     """Raise Stopped in the main thread on the first stop signal: the preparation step in progress
     (code download, pip, the EFA probe: steps.py) is ended with its process tree, and the launcher then
