@@ -33,9 +33,9 @@ from smhvd.wire import HEARTBEAT_INTERVAL
 log = logging.getLogger("smhvd")
 ABORT_GRACE = 5.0  # Open MPI said the job aborts -> mpirun gets SIGTERM if still running after this long
 KILL_GRACE = 3.0
-# On a stop, the dump may hold up the loop (and the heartbeats to workers, which give up after 10 s of
-# silence) this long before the ranks are stopped.
-STOP_DUMP_WAIT = 8.0  # ... and SIGKILL (with whatever it left on this host) this long after that
+# On a stop, the ranks get SIGTERM once the stack dump has ended, or this long after the stop if it has not
+# (the loop runs meanwhile: output, heartbeats, a second stop).
+STOP_DUMP_WAIT = 8.0
 # After a stop (SageMaker's SIGTERM), ranks that have not ended this long after it are killed, before
 # SageMaker's own SIGKILL at 120 s, so the launcher still reports; a second stop signal kills at once.
 STOP_KILL_AFTER = 100.0
@@ -55,9 +55,14 @@ def local_ranks() -> list[int]:
 
 
 def stop_local_ranks(why: str, dump: Callable[[str], object], after: str = "") -> None:
-    """A stop on this host (the leader's and every worker's one way): a stack dump first, so that it shows
-    where the ranks were, then SIGTERM to this host's ranks, once per stop."""
+    """A stop on a worker: a stack dump first (it returns when done), so that it shows where the ranks
+    were, then SIGTERM to this host's ranks, once per stop."""
     dump(why)
+    terminate_local_ranks(why, after)
+
+
+def terminate_local_ranks(why: str, after: str = "") -> None:
+    """SIGTERM to this host's ranks, said in the log (the leader's and every worker's one way)."""
     ranks = local_ranks()
     signal_pids(ranks, signal.SIGTERM)
     log.warning("%s: SIGTERM sent to %d local rank(s)%s", why, len(ranks), after)
@@ -102,7 +107,7 @@ def supervise(
             watch = stack.enter_context(SignalWatch())
         loop = stack.enter_context(Loop(timers))
         hung = HungAbort(lambda: proc.poll() is None, proc.terminate, lambda: _kill(proc), timers, loop.stop)
-        stop = Stop(proc, {proc.pid, *keep}, dumps, on_stop, timers)
+        stop = Stop(proc, {proc.pid, *keep}, dumps, on_stop, timers, loop)
 
         def read() -> None:
             data = os.read(stderr.fileno(), 65536)
@@ -133,9 +138,10 @@ def supervise(
 
 
 class Stop:
-    """Stop requests while the command runs: the first goes to the local ranks (after a stack dump), and the
-    workers hear of it (`on_stop`); ranks that have not ended STOP_KILL_AFTER later are killed with mpirun,
-    and a second stop signal kills them at once. SIGUSR1 takes a stack dump."""
+    """Stop requests while the command runs: the first takes a stack dump, and once it has ended (or
+    STOP_DUMP_WAIT later) the local ranks get SIGTERM and the workers hear of it (`on_stop`); the loop runs
+    on meanwhile. Ranks that have not ended STOP_KILL_AFTER later are killed with mpirun, and a second stop
+    signal kills them at once. SIGUSR1 takes a stack dump."""
 
     def __init__(
         self,
@@ -144,15 +150,20 @@ class Stop:
         dumps: Dumps,
         on_stop: Callable[[], object],
         timers: Timers,
+        loop: Loop,
     ) -> None:
-        self.proc, self.keep_pids, self.dumps, self.on_stop, self.timers = (
+        self.proc, self.keep_pids, self.dumps, self.on_stop, self.timers, self.loop = (
             proc,
             keep_pids,
             dumps,
             on_stop,
             timers,
+            loop,
         )
         self.requested = False
+        self.terminated = False
+        self.awaiting_dump: int | None = None  # the dump's `finished` fd while the loop waits on it
+        self.dump_timer = Timer("the stop's wait for its stack dump")
         self.kill_timer = Timer("the kill after a stop")
 
     def signals(self, watch: SignalWatch) -> None:
@@ -163,17 +174,32 @@ class Stop:
             return
         name = signal.Signals(got.stop).name
         if self.requested:
+            self._terminate(f"stopped by {name}")  # the workers hear of it, if the dump still runs
             log.warning("stopped again by %s: killing mpirun and this host's ranks now", name)
             _kill(self.proc)
             return
         self.requested = True
-        stop_local_ranks(f"stopped by {name}", self._dump_and_settle)
+        why = f"stopped by {name}"
+        self.dumps.dump(why)  # the ranks' stacks before they are stopped
+        if self.dumps.finished is None:
+            self._terminate(why)
+            return
+        self.awaiting_dump = self.dumps.finished
+        self.loop.reader(self.awaiting_dump, functools.partial(self._terminate, why))
+        self.timers.after(self.dump_timer, STOP_DUMP_WAIT, functools.partial(self._terminate, why))
+
+    def _terminate(self, why: str) -> None:
+        """Once a stop: SIGTERM to the local ranks, the workers told, the kill timer set."""
+        if self.terminated:
+            return
+        self.terminated = True
+        if self.awaiting_dump is not None:
+            self.timers.cancel(self.dump_timer)
+            self.loop.forget(self.awaiting_dump)
+            self.awaiting_dump = None
+        terminate_local_ranks(why)
         self.on_stop()
         self.timers.after(self.kill_timer, STOP_KILL_AFTER, self._late)
-
-    def _dump_and_settle(self, why: str) -> None:
-        self.dumps.dump(why)
-        self.dumps.settle(STOP_DUMP_WAIT)  # the ranks' stacks before they are stopped
 
     def _late(self) -> None:
         if self.proc.poll() is None:
@@ -218,7 +244,7 @@ class Dumps:
     of the supervisor's loop, set again by every output)."""
 
     dump: Callable[[str], object]  # starts a dump in the background
-    settle: Callable[[float], object] = lambda _timeout: None  # waits (bounded) for the dump to finish
+    finished: int | None = None  # readable once the dump last started has ended (None: `dump` returns then)
     silence: float | None = None  # launcher_hang_dump_seconds
     stall_dumped: bool = False
     timers: Timers | None = None

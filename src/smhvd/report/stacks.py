@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -191,18 +192,34 @@ class StackDumper:
         self.ssh_config = ssh_config
         self.last_line: str | None = None
         self._thread: threading.Thread | None = None
+        # Readable once the dump `start` began (or the one already running) has ended: the leader's loop
+        # stops the ranks then, without waiting on the thread itself.
+        self.finished = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     def start(self, reason: str) -> None:
         """Dump in the background (the leader keeps reading output and sending heartbeats meanwhile);
-        a request while a dump runs is dropped."""
+        a request while a dump runs is dropped, and `finished` says when that one ends."""
         if self._thread is not None and self._thread.is_alive():
             return
-        self._thread = threading.Thread(target=self.dump, args=(reason,), name="smhvd-stacks", daemon=True)
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.finished)  # an earlier dump's word
+        self._thread = threading.Thread(target=self._dump, args=(reason,), name="smhvd-stacks", daemon=True)
         self._thread.start()
+
+    def _dump(self, reason: str) -> None:
+        try:
+            self.dump(reason)
+        finally:
+            os.eventfd_write(self.finished, 1)
 
     def wait(self, timeout: float) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def close(self) -> None:
+        """Close `finished`, unless a dump still runs (it will write to it; the process's end closes it)."""
+        if self._thread is None or not self._thread.is_alive():
+            os.close(self.finished)
 
     def dump(self, reason: str) -> str:
         log.warning("taking a stack dump of every rank (%s)", reason)

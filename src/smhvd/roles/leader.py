@@ -192,11 +192,12 @@ def _run_mpirun(
         keep=[w.proc.pid for w in links],
         watch=watch,
         tick=functools.partial(tell_all, links, {"event": "alive"}) if links else None,
-        dumps=Dumps(stacks.start, stacks.wait, job.options.launcher.hang_dump_seconds),
+        dumps=Dumps(stacks.start, stacks.finished, job.options.launcher.hang_dump_seconds),
         # A stop that reached only the leader (a user's stop, Ctrl-C) stops every host's ranks.
         on_stop=functools.partial(tell_all, links, {"event": "stop"}),
     )
     stacks.wait(STOP_DUMP_WAIT)
+    stacks.close()
     return outcome, stacks.last_line
 
 
