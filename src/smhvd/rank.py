@@ -126,9 +126,9 @@ class Sink:
         if self.framed:
             for chunk in wire.writes(wire.frames(kind, data)):
                 write_all(2, chunk)  # whole frames, at most PIPE_BUF bytes: one atomic write each
-        elif kind in (wire.STDOUT, wire.STDOUT_NOW):
+        elif kind in (wire.STDOUT, wire.STDOUT_PIECE):
             write_all(1, data)
-        elif kind in (wire.STDERR, wire.STDERR_NOW):
+        elif kind in (wire.STDERR, wire.STDERR_PIECE):
             write_all(2, data)
 
     def out(self, kinds: tuple[int, int], out: Out) -> None:
@@ -193,9 +193,9 @@ def run(program: list[str]) -> int:
     streams = {
         proc.stdout.fileno(): (
             Lines(tag(rank, host, "stdout") if tagged else b""),
-            (wire.STDOUT, wire.STDOUT_NOW),
+            (wire.STDOUT, wire.STDOUT_PIECE),
         ),
-        err_fd: (Lines(tag(rank, host, "stderr") if tagged else b""), (wire.STDERR, wire.STDERR_NOW)),
+        err_fd: (Lines(tag(rank, host, "stderr") if tagged else b""), (wire.STDERR, wire.STDERR_PIECE)),
     }
     tail = Tail()
 

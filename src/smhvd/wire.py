@@ -30,15 +30,15 @@ ESCAPE = 0x1D
 LINE_END = 0x1E
 FRAME_END = 0x1F
 # Kinds: the program's stdout and stderr as lines (what follows the last LINE_END waits for the rest of its
-# line), the same but shown at once whole or not (a line in progress, launcher_tag_output=false), and the
-# wrapper's own start and failure reports (one JSON document a line).
+# line), the same as pieces shown at once, a line whole or not (a line in progress,
+# launcher_tag_output=false), and the wrapper's own start and failure reports (one JSON document a line).
 STDOUT = ord("O")
 STDERR = ord("E")
-STDOUT_NOW = ord("o")
-STDERR_NOW = ord("e")
+STDOUT_PIECE = ord("o")
+STDERR_PIECE = ord("e")
 START = ord("S")
 FAILURE = ord("F")
-KINDS = frozenset({STDOUT, STDERR, STDOUT_NOW, STDERR_NOW, START, FAILURE})
+KINDS = frozenset({STDOUT, STDERR, STDOUT_PIECE, STDERR_PIECE, START, FAILURE})
 _ESCAPES = ((b"\x1d", b"\x1d1"), (b"\x1c", b"\x1d0"), (b"\x1e", b"\x1d2"), (b"\x1f", b"\x1d3"))
 _SPECIAL = re.compile(rb"[\x1c-\x1f]")
 

@@ -31,7 +31,7 @@ MAX_LINE = 1 << 20  # a rank's line in progress is held up to this size, then pa
 _DIRECT = b"-"  # the rank of frames that came without a tag (one rank wrapper run without mpirun)
 _TAG = re.compile(rb"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
 _TEXT_END = re.compile(rb"\n|\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:|\x1c")
-_NOW = {wire.STDOUT_NOW: wire.STDOUT, wire.STDERR_NOW: wire.STDERR}
+_PIECE_STREAM = {wire.STDOUT_PIECE: wire.STDOUT, wire.STDERR_PIECE: wire.STDERR}  # a piece kind: its stream
 _LINES = (wire.STDOUT, wire.STDERR)
 
 
@@ -114,9 +114,9 @@ class FrameReader:
         if kind not in wire.KINDS:
             events.append((TEXT, wire.body_lines(body)))
             return
-        stream = _NOW.get(kind, kind)
+        stream = _PIECE_STREAM.get(kind, kind)
         pending = self._pending.pop((rank, stream), b"") + body
-        if kind in _NOW:
+        if kind in _PIECE_STREAM:
             out, pending = pending, b""
         else:
             cut = pending.rfind(b"\x1e") + 1
