@@ -54,13 +54,6 @@ def local_ranks() -> list[int]:
     return [pid for pid in descendants() if is_rank_wrapper(pid)]
 
 
-def stop_local_ranks(why: str, dump: Callable[[str], object], after: str = "") -> None:
-    """A stop on a worker: a stack dump first (it returns when done), so that it shows where the ranks
-    were, then SIGTERM to this host's ranks, once per stop."""
-    dump(why)
-    terminate_local_ranks(why, after)
-
-
 def terminate_local_ranks(why: str, after: str = "") -> None:
     """SIGTERM to this host's ranks, said in the log (the leader's and every worker's one way)."""
     ranks = local_ranks()
@@ -137,6 +130,35 @@ def supervise(
     return Outcome(exit_code=exit_status(code), output=output, stopped=stop.requested)
 
 
+class AfterDump:
+    """Call `then` once, when the stack dump just started has ended (`dumps.finished` readable on the loop),
+    or `wait` seconds after `start` if it has not; `now` calls it at once. The loop runs on meanwhile."""
+
+    def __init__(self, loop: Loop, dumps: Dumps, wait: float, then: Callable[[], object]) -> None:
+        self.loop, self.dumps, self.wait, self.then = loop, dumps, wait, then
+        self.timer = Timer("the wait for a stack dump")
+        self.watched: int | None = None  # the dump's `finished` fd while the loop waits on it
+        self.done = False
+
+    def start(self) -> None:
+        if self.dumps.finished is None:  # `dump` returned when it was done
+            self.now()
+            return
+        self.watched = self.dumps.finished
+        self.loop.reader(self.watched, self.now)
+        self.loop.timers.after(self.timer, self.wait, self.now)
+
+    def now(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.watched is not None:
+            self.loop.timers.cancel(self.timer)
+            self.loop.forget(self.watched)
+            self.watched = None
+        self.then()
+
+
 class Stop:
     """Stop requests while the command runs: the first takes a stack dump, and once it has ended (or
     STOP_DUMP_WAIT later) the local ranks get SIGTERM and the workers hear of it (`on_stop`); the loop runs
@@ -161,10 +183,8 @@ class Stop:
             loop,
         )
         self.requested = False
-        self.terminated = False
-        self.awaiting_dump: int | None = None  # the dump's `finished` fd while the loop waits on it
-        self.dump_timer = Timer("the stop's wait for its stack dump")
         self.kill_timer = Timer("the kill after a stop")
+        self.after_dump: AfterDump | None = None
 
     def signals(self, watch: SignalWatch) -> None:
         got = watch.receive(self.keep_pids)
@@ -174,29 +194,21 @@ class Stop:
             return
         name = signal.Signals(got.stop).name
         if self.requested:
-            self._terminate(f"stopped by {name}")  # the workers hear of it, if the dump still runs
+            if self.after_dump is not None:
+                self.after_dump.now()  # the workers hear of it, if the dump still runs
             log.warning("stopped again by %s: killing mpirun and this host's ranks now", name)
             _kill(self.proc)
             return
         self.requested = True
         why = f"stopped by {name}"
         self.dumps.dump(why)  # the ranks' stacks before they are stopped
-        if self.dumps.finished is None:
-            self._terminate(why)
-            return
-        self.awaiting_dump = self.dumps.finished
-        self.loop.reader(self.awaiting_dump, functools.partial(self._terminate, why))
-        self.timers.after(self.dump_timer, STOP_DUMP_WAIT, functools.partial(self._terminate, why))
+        self.after_dump = AfterDump(
+            self.loop, self.dumps, STOP_DUMP_WAIT, functools.partial(self._terminate, why)
+        )
+        self.after_dump.start()
 
     def _terminate(self, why: str) -> None:
-        """Once a stop: SIGTERM to the local ranks, the workers told, the kill timer set."""
-        if self.terminated:
-            return
-        self.terminated = True
-        if self.awaiting_dump is not None:
-            self.timers.cancel(self.dump_timer)
-            self.loop.forget(self.awaiting_dump)
-            self.awaiting_dump = None
+        """SIGTERM to the local ranks, the workers told, the kill timer set."""
         terminate_local_ranks(why)
         self.on_stop()
         self.timers.after(self.kill_timer, STOP_KILL_AFTER, self._late)

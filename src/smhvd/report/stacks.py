@@ -185,8 +185,16 @@ class StackDumper:
     """The leader's dumps: its own ranks here, every other MPI host's over the job's ssh configuration, all in
     parallel; one summary line logged and kept (`last_line`) for the failure file."""
 
-    def __init__(self, host: str, out_dir: Path, others: Sequence[str], ssh_config: Path | None) -> None:
+    def __init__(
+        self,
+        host: str,
+        out_dir: Path,
+        others: Sequence[str],
+        ssh_config: Path | None,
+        whose: str = "every rank",  # what the log says it dumps (a worker: its own host's ranks)
+    ) -> None:
         self.host = host
+        self.whose = whose
         self.out_dir = out_dir
         self.others = list(others) if ssh_config is not None else []
         self.ssh_config = ssh_config
@@ -209,6 +217,8 @@ class StackDumper:
     def _dump(self, reason: str) -> None:
         try:
             self.dump(reason)
+        except Exception as exc:  # diagnostics only: said, and the job goes on (its stop too)
+            log.warning("stack dump (%s) failed: %s", reason, exc)
         finally:
             os.eventfd_write(self.finished, 1)
 
@@ -222,7 +232,7 @@ class StackDumper:
             os.close(self.finished)
 
     def dump(self, reason: str) -> str:
-        log.warning("taking a stack dump of every rank (%s)", reason)
+        log.warning("taking a stack dump of %s (%s)", self.whose, reason)
         remote = [
             subprocess.Popen(
                 ssh_command(self.ssh_config, host, [sys.executable, "-m", __name__, host, str(self.out_dir)]),

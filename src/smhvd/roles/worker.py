@@ -24,7 +24,7 @@ from smhvd.config.job import Job
 from smhvd.config.launcher_options import LauncherOwnOptions
 from smhvd.env_options import read_env_options
 from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, HostEnvError, PeerError, exit_status
-from smhvd.mpi.supervisor import stop_local_ranks
+from smhvd.mpi.supervisor import STOP_DUMP_WAIT, AfterDump, Dumps, terminate_local_ranks
 from smhvd.option_spec import key_of
 from smhvd.proc.loop import Loop
 from smhvd.proc.processes import die_with_parent, kill_descendants
@@ -76,7 +76,7 @@ class LinkWaiter:
         watch: SignalWatch,
         silence_limit: float = wire.SILENCE_LIMIT,
         on_child: Callable[[], Verdict | None] | None = None,
-        on_dump: Callable[[str], object] | None = None,
+        dumps: Dumps | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.server = server
@@ -85,7 +85,8 @@ class LinkWaiter:
         self.watch = watch
         self.silence_limit = silence_limit
         self.on_child = on_child  # called on SIGCHLD; a Verdict ends the wait (a script outside MPI failed)
-        self.on_dump = on_dump  # stack dumps of this host's ranks (SIGUSR1, and before a stop)
+        # Stack dumps of this host's ranks (SIGUSR1, and before a stop), in the background.
+        self.dumps = dumps or Dumps(lambda _why: None)
         self.started = False
         self.stopping = False
         self.buffers: dict[socket.socket, bytes] = {}
@@ -150,8 +151,8 @@ class LinkWaiter:
 
     def _signals(self, keep: list[int]) -> None:
         got = self.watch.receive(keep)
-        if got.dump and self.on_dump is not None:
-            self.on_dump("SIGUSR1")
+        if got.dump:
+            self.dumps.dump("SIGUSR1")
         if got.stop is not None:
             verdict = self._stop(f"{signal.Signals(got.stop).name} received")
             if verdict is not None:
@@ -162,7 +163,8 @@ class LinkWaiter:
 
     def _stop(self, why: str) -> Verdict | None:
         """A stop (this host's SIGTERM, or the leader's `stop` event): this host's ranks get SIGTERM once,
-        after a stack dump; the job's verdict still comes from the leader."""
+        after a stack dump (the loop runs on meanwhile: AfterDump); the job's verdict still comes from the
+        leader."""
         if self.stopping:
             return None
         self.stopping = True
@@ -170,9 +172,9 @@ class LinkWaiter:
             return Verdict(EX_STOPPED, "")
         self.timers.cancel(self.silence_timer)  # from now on only the grace for the leader's verdict counts
         self.timers.after(self.stop_grace_timer, STOP_GRACE, self._stop_grace_over)
-        stop_local_ranks(
-            f"stopped: {why}", self.on_dump or (lambda _: None), after="; waiting for the leader"
-        )
+        self.dumps.dump(f"stopped: {why}")
+        then = functools.partial(terminate_local_ranks, f"stopped: {why}", "; waiting for the leader")
+        AfterDump(self.loop, self.dumps, STOP_DUMP_WAIT, then).start()
         return None
 
     def _read(self, conn: socket.socket) -> Verdict | None:
@@ -210,17 +212,6 @@ class LinkWaiter:
                     code if isinstance(code, int) else EX_UNAVAILABLE, str(event.get("reason") or "")
                 )
         return None
-
-
-def dump_here(host: str, output_data_dir: Path, reason: str) -> None:
-    """This host's ranks' stacks to output/data/stacks (the leader dumps every host's on its own triggers).
-    Diagnostics only: whatever goes wrong here is logged, and the worker goes on to stop its ranks."""
-    try:
-        line = stacks.summary_line(stacks.dump_host(host, output_data_dir), reason)
-    except Exception as exc:
-        log.warning("stack dump (%s) failed: %s", reason, exc)
-        return
-    log.warning("%s (files in %s)", line, output_data_dir / "stacks")
 
 
 class OutsideScript:
@@ -285,15 +276,18 @@ def run_worker(
         )
         try:
             keep = [sshd.pid] + ([script.proc.pid] if script else [])
+            dumper = stacks.StackDumper(host, job.paths.output_data_dir, [], None, "this host's ranks")
             waiter = LinkWaiter(
                 server,
                 leader,
                 job.options.launcher.leader_timeout,
                 watch,
                 on_child=script.check if script else None,
-                on_dump=lambda why: dump_here(host, job.paths.output_data_dir, why),
+                dumps=Dumps(dumper.start, dumper.finished),
             )
             verdict = waiter.wait(keep)
+            dumper.wait(STOP_DUMP_WAIT)
+            dumper.close()
             if script:
                 script.stop()
         finally:

@@ -2,14 +2,17 @@
 worker's private directory, proc/trust.py)."""
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from smhvd import wire
 from smhvd.errors import EX_UNAVAILABLE, PeerError
+from smhvd.mpi.supervisor import Dumps
 from smhvd.proc import trust
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.waiting import wait_until
@@ -43,8 +46,6 @@ def waiter():
 
 
 def wait_in_background(w: LinkWaiter):
-    import threading
-
     result: dict[str, object] = {}
 
     def run():
@@ -142,3 +143,45 @@ def test_heartbeats_keep_the_job_alive_and_silence_means_the_leader_is_gone(wait
     # The limit counts from the last word received, which came after it was written: never sooner.
     assert silent >= 3.0
     proc.kill()
+
+
+def test_a_slow_stack_dump_does_not_silence_the_leader(waiter):
+    """SIGUSR1 to a worker's `train` while its py-spy takes longer than the silence limit (a loaded host): the
+    worker's loop goes on reading the leader's heartbeats, so the job goes on and ends with the leader's
+    verdict. The dump ran in the worker loop's callback before: no heartbeat was read, and once it returned
+    the silence timer, due first, declared the leader lost."""
+    dumping = threading.Event()
+    finished = os.eventfd(0, os.EFD_NONBLOCK)
+
+    def slow_dump(_why: str) -> None:  # as StackDumper.start: in the background, `finished` said at its end
+        def run() -> None:
+            dumping.set()
+            time.sleep(2.5)
+            os.eventfd_write(finished, 1)
+
+        threading.Thread(target=run, daemon=True).start()
+
+    w = waiter()
+    w.silence_limit = 1.5
+    w.dumps = Dumps(slow_dump, finished)
+    thread, result = wait_in_background(w)
+    proc = relay()
+    ready(proc)
+    proc.stdin.write(wire.encode({"event": "start"}))
+    proc.stdin.flush()
+    wait_until(lambda: w.started or None, what="the worker to see the start", timeout=60)
+    os.kill(os.getpid(), signal.SIGUSR1)  # the worker's SignalWatch: its loop starts the dump
+    assert dumping.wait(30)
+    until = time.monotonic() + 3.5  # past the dump's end
+    while time.monotonic() < until:
+        proc.stdin.write(wire.encode({"event": "alive"}))
+        proc.stdin.flush()
+        thread.join(0.1)
+        assert thread.is_alive(), result
+    proc.stdin.write(wire.encode({"event": "end", "exit_code": 0, "reason": ""}))
+    proc.stdin.flush()
+    thread.join(30)
+    os.close(finished)
+    assert result == {"verdict": Verdict(0, "")}
+    proc.stdin.close()
+    assert proc.wait(5) == 0
