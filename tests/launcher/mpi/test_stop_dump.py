@@ -17,18 +17,14 @@ from pathlib import Path
 import pytest
 
 from smhvd.proc.waiting import wait_until
+from support.rank_ready import SAY_READY, ranks_ready
 
 pytestmark = pytest.mark.integration
 
 TRAIN = Path(sys.executable).parent / "train"
 SLOW_DUMP = 2.0  # well within STOP_DUMP_WAIT (8 s), with py-spy's own time on a loaded machine
-JOB = """
-import os, pathlib, signal, sys, time
+JOB = SAY_READY + """import signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: (print("saw SIGTERM", flush=True), sys.exit(0)))
-rank = os.environ["OMPI_COMM_WORLD_RANK"]
-ready = pathlib.Path(os.environ["SM_OUTPUT_DATA_DIR"]) / f"ready-{rank}"
-ready.parent.mkdir(parents=True, exist_ok=True)
-ready.write_text("")
 n = 0
 while True:
     n += 1
@@ -53,7 +49,7 @@ def test_the_loop_runs_while_a_stops_dump_is_taken(train_job, tmp_path: Path) ->
     one_pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     train = subprocess.Popen([str(TRAIN)], env=env, **one_pipe)
     try:
-        wait_until(lambda: len(list(data.glob("ready-*"))) == 2 or None, what="the ranks", timeout=120)
+        wait_until(lambda: ranks_ready(data, 2), what="both ranks to run", timeout=120)
         train.send_signal(signal.SIGTERM)
         out, _ = train.communicate(timeout=120)
     finally:

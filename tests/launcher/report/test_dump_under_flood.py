@@ -21,24 +21,21 @@ import pytest
 
 from smhvd.errors import WaitTimeout
 from smhvd.proc.waiting import NotYet, wait_until
+from support.rank_ready import SAY_READY, ranks_ready
 
 pytestmark = pytest.mark.integration
 
 TRAIN = Path(sys.executable).parent / "train"
-FLOOD = """
-import os, pathlib, sys
-ready = pathlib.Path(os.environ["SM_OUTPUT_DATA_DIR"]) / f"ready-{{os.environ['OMPI_COMM_WORLD_RANK']}}"
-ready.parent.mkdir(parents=True, exist_ok=True)
-ready.write_text("")
+FLOOD = """import sys
 n = 0
 while True:
     n += 1
     sys.{stream}.write(f"step {{n}} " + "x" * 100 + "{end}")
 """
 FLOODS = {
-    "lines-on-stdout": FLOOD.format(stream="stdout", end="\\n"),
-    "lines-on-stderr": FLOOD.format(stream="stderr", end="\\n"),
-    "progress-bar": FLOOD.format(stream="stdout", end="\\r"),
+    "lines-on-stdout": SAY_READY + FLOOD.format(stream="stdout", end="\\n"),
+    "lines-on-stderr": SAY_READY + FLOOD.format(stream="stderr", end="\\n"),
+    "progress-bar": SAY_READY + FLOOD.format(stream="stdout", end="\\r"),
 }
 RANKS = 2
 
@@ -48,11 +45,6 @@ def dumped(stacks: Path) -> list[str]:
     if len(files) < RANKS or not (stacks / "summary.txt").exists():
         raise NotYet(f"stack files so far: {files}")
     return files
-
-
-def running(data: Path) -> list[str] | None:
-    found = sorted(path.name for path in data.glob("ready-*"))
-    return found if len(found) == RANKS else None
 
 
 def launcher_lines(stream: IO[bytes], kept: list[str]) -> None:
@@ -75,7 +67,7 @@ def test_sigusr1_during_a_flood_of_output_dumps_every_rank(train_job, flood):
     for reader in readers:
         reader.start()
     try:
-        wait_until(lambda: running(data), what="both ranks to run", timeout=120)
+        wait_until(lambda: ranks_ready(data, RANKS), what="both ranks to run", timeout=120)
         train.send_signal(signal.SIGUSR1)
         try:
             files = wait_until(lambda: dumped(data / "stacks"), what="both ranks' stack files", timeout=60)

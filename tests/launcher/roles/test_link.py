@@ -45,6 +45,22 @@ def waiter():
     assert not place.exists()
 
 
+def say(proc: subprocess.Popen[bytes], *events: dict[str, object]) -> None:
+    """The leader's words to the relay, in order."""
+    assert proc.stdin is not None
+    proc.stdin.write(b"".join(wire.encode(event) for event in events))
+    proc.stdin.flush()
+
+
+def started(w: LinkWaiter) -> subprocess.Popen[bytes]:
+    """A relay that told the worker the job started, once the worker saw it."""
+    proc = relay()
+    ready(proc)
+    say(proc, {"event": "start"})
+    wait_until(lambda: w.started or None, what="the worker to see the start", timeout=60)
+    return proc
+
+
 def wait_in_background(w: LinkWaiter):
     result: dict[str, object] = {}
 
@@ -80,11 +96,7 @@ def test_link_closing_mid_job_means_the_leader_was_lost_and_is_noticed_at_once(w
     w = waiter()
     w.silence_limit = 3600.0
     thread, result = wait_in_background(w)
-    proc = relay()
-    ready(proc)
-    proc.stdin.write(wire.encode({"event": "start"}))
-    proc.stdin.flush()
-    wait_until(lambda: w.started or None, what="the worker to see the start", timeout=60)
+    proc = started(w)
     proc.kill()
     thread.join(60)
     assert not thread.is_alive(), "the closed link was not noticed"
@@ -123,14 +135,10 @@ def test_heartbeats_keep_the_job_alive_and_silence_means_the_leader_is_gone(wait
     w = waiter()
     w.silence_limit = 3.0
     thread, result = wait_in_background(w)
-    proc = relay()
-    ready(proc)
-    proc.stdin.write(wire.encode({"event": "start"}))
-    proc.stdin.flush()
+    proc = started(w)
     until = time.monotonic() + 4.0
     while time.monotonic() < until:
-        proc.stdin.write(wire.encode({"event": "alive"}))
-        proc.stdin.flush()
+        say(proc, {"event": "alive"})
         last_word = time.monotonic()
         thread.join(0.1)
         assert thread.is_alive(), result
@@ -165,21 +173,15 @@ def test_a_slow_stack_dump_does_not_silence_the_leader(waiter):
     w.silence_limit = 1.5
     w.dumps = Dumps(slow_dump, finished)
     thread, result = wait_in_background(w)
-    proc = relay()
-    ready(proc)
-    proc.stdin.write(wire.encode({"event": "start"}))
-    proc.stdin.flush()
-    wait_until(lambda: w.started or None, what="the worker to see the start", timeout=60)
+    proc = started(w)
     os.kill(os.getpid(), signal.SIGUSR1)  # the worker's SignalWatch: its loop starts the dump
     assert dumping.wait(30)
     until = time.monotonic() + 3.5  # past the dump's end
     while time.monotonic() < until:
-        proc.stdin.write(wire.encode({"event": "alive"}))
-        proc.stdin.flush()
+        say(proc, {"event": "alive"})
         thread.join(0.1)
         assert thread.is_alive(), result
-    proc.stdin.write(wire.encode({"event": "end", "exit_code": 0, "reason": ""}))
-    proc.stdin.flush()
+    say(proc, {"event": "end", "exit_code": 0, "reason": ""})
     thread.join(30)
     os.close(finished)
     assert result == {"verdict": Verdict(0, "")}
