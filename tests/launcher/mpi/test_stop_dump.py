@@ -23,7 +23,9 @@ pytestmark = pytest.mark.integration
 
 TRAIN = Path(sys.executable).parent / "train"
 SLOW_DUMP = 2.0  # well within STOP_DUMP_WAIT (8 s), with py-spy's own time on a loaded machine
-JOB = SAY_READY + """import signal, sys, time
+JOB = (
+    SAY_READY
+    + """import signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: (print("saw SIGTERM", flush=True), sys.exit(0)))
 n = 0
 while True:
@@ -31,6 +33,7 @@ while True:
     print(f"tick {n}", flush=True)
     time.sleep(0.05)
 """
+)
 
 
 def slow_py_spy(where: Path) -> Path:
