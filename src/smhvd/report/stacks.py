@@ -222,12 +222,11 @@ class StackDumper:
         finally:
             os.eventfd_write(self.finished, 1)
 
-    def wait(self, timeout: float) -> None:
+    def finish(self, timeout: float) -> None:
+        """The job is over: give a dump still running up to `timeout` seconds to end, then close
+        `finished` (unless the dump runs still: it will write to it; the process's end closes it)."""
         if self._thread is not None:
             self._thread.join(timeout)
-
-    def close(self) -> None:
-        """Close `finished`, unless a dump still runs (it will write to it; the process's end closes it)."""
         if self._thread is None or not self._thread.is_alive():
             os.close(self.finished)
 

@@ -196,8 +196,7 @@ def _run_mpirun(
         # A stop that reached only the leader (a user's stop, Ctrl-C) stops every host's ranks.
         on_stop=functools.partial(tell_all, links, {"event": "stop"}),
     )
-    stacks.wait(STOP_DUMP_WAIT)
-    stacks.close()
+    stacks.finish(STOP_DUMP_WAIT)
     return outcome, stacks.last_line
 
 

@@ -286,8 +286,7 @@ def run_worker(
                 dumps=Dumps(dumper.start, dumper.finished),
             )
             verdict = waiter.wait(keep)
-            dumper.wait(STOP_DUMP_WAIT)
-            dumper.close()
+            dumper.finish(STOP_DUMP_WAIT)
             if script:
                 script.stop()
         finally:
