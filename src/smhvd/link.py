@@ -18,7 +18,7 @@ import sys
 
 from smhvd.errors import EX_UNAVAILABLE, HostEnvError
 from smhvd.proc import trust
-from smhvd.proc.loop import Loop
+from smhvd.proc.loop import process_loop
 from smhvd.proc.processes import ancestors
 from smhvd.proc.waiting import NotYet
 from smhvd.wire import READY
@@ -37,7 +37,7 @@ def relay(port: int) -> int:
         return EX_UNAVAILABLE
     sock.settimeout(None)
     os.write(1, READY)
-    with Loop() as loop:
+    with process_loop().scope() as loop:
 
         def from_leader() -> None:
             data = os.read(0, 65536)

@@ -24,7 +24,7 @@ from pathlib import Path
 from smhvd.errors import EX_MPI_ABORT, exit_status
 from smhvd.mpi.output import StderrFilter
 from smhvd.proc.lines import write_all
-from smhvd.proc.loop import Loop
+from smhvd.proc.loop import Loop, Scope, process_loop
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_rank_wrapper, signal_pids
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.timers import Timer, Timers
@@ -71,6 +71,7 @@ def supervise(
     tick_interval: float = HEARTBEAT_INTERVAL,
     dumps: Dumps | None = None,
     on_stop: Callable[[], object] = lambda: None,
+    loop: Loop | None = None,
 ) -> Outcome:
     """Run argv to its end. `tick` (the leader's heartbeat to its workers) is called every tick_interval;
     `dumps` says when to take stack dumps of every rank (SIGUSR1, a stop, a Horovod stall, silence);
@@ -98,14 +99,14 @@ def supervise(
         stack.callback(stderr.close)
         if watch is None:
             watch = stack.enter_context(SignalWatch())
-        loop = stack.enter_context(Loop(timers))
-        hung = HungAbort(lambda: proc.poll() is None, proc.terminate, lambda: _kill(proc), timers, loop.stop)
-        stop = Stop(proc, {proc.pid, *keep}, dumps, on_stop, timers, loop)
+        scope = stack.enter_context((loop or process_loop()).scope(timers))
+        hung = HungAbort(lambda: proc.poll() is None, proc.terminate, lambda: _kill(proc), timers, scope.stop)
+        stop = Stop(proc, {proc.pid, *keep}, dumps, on_stop, timers, scope)
 
         def read() -> None:
             data = os.read(stderr.fileno(), 65536)
             if not data:
-                loop.stop()
+                scope.stop()
                 return
             _show(output, output.feed(data))
             dumps.heard(output)
@@ -116,12 +117,12 @@ def supervise(
             # The job ends when the command does, not when every copy of its stderr closes (a process it
             # left behind may hold one): take what is in the pipe, stop reading.
             _drain(stderr.fileno(), output)
-            loop.stop()
+            scope.stop()
 
-        loop.reader(stderr, read)
-        loop.reader(watch, functools.partial(stop.signals, watch))
-        loop.exit_of(proc.pid, exited)
-        loop.run()
+        scope.reader(stderr, read)
+        scope.reader(watch, functools.partial(stop.signals, watch))
+        scope.exit_of(proc.pid, exited)
+        scope.run()
         _show(output, output.flush())
         code = proc.wait()
         remove_session_dir(proc.pid, env)
@@ -134,7 +135,7 @@ class AfterDump:
     """Call `then` once, when the stack dump just started has ended (`dumps.finished` readable on the loop),
     or `wait` seconds after `start` if it has not; `now` calls it at once. The loop runs on meanwhile."""
 
-    def __init__(self, loop: Loop, dumps: Dumps, wait: float, then: Callable[[], object]) -> None:
+    def __init__(self, loop: Scope, dumps: Dumps, wait: float, then: Callable[[], object]) -> None:
         self.loop, self.dumps, self.wait, self.then = loop, dumps, wait, then
         self.timer = Timer("the wait for a stack dump")
         self.watched: int | None = None  # the dump's `finished` fd while the loop waits on it
@@ -172,7 +173,7 @@ class Stop:
         dumps: Dumps,
         on_stop: Callable[[], object],
         timers: Timers,
-        loop: Loop,
+        loop: Scope,
     ) -> None:
         self.proc, self.keep_pids, self.dumps, self.on_stop, self.timers, self.loop = (
             proc,

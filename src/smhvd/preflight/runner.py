@@ -28,7 +28,7 @@ from typing import Any
 from smhvd.errors import Stopped
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv
 from smhvd.mpi.output import ABORT_SIGNS, first_sentence
-from smhvd.proc.loop import Loop
+from smhvd.proc.loop import process_loop
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.steps import end_tree, last_line
@@ -179,7 +179,7 @@ def run_probes(
     out = proc.stdout.fileno()
     limit = min(silence, timeout)
     try:
-        with Loop() as loop:
+        with process_loop().scope() as loop:
 
             def read() -> None:
                 chunk = os.read(out, 65536)

@@ -1,14 +1,21 @@
-"""One event loop for the launcher's waits: readable and writable files (pipes, sockets, the SignalWatch fd),
-process exits (a pidfd each: no SIGCHLD handler, no polling) and timers (timers.Timers), all waited for in one
-select.
+"""The process's one event loop, for its whole life: readable and writable files (pipes, sockets, the
+SignalWatch fd), process exits (a pidfd each: no SIGCHLD handler, no polling) and timers (timers.Timers), all
+waited for in one select.
 
-A wait registers what it reacts to, each with a callback, and runs the loop until a callback calls `stop()`.
-Each round fires the timers that are due, then waits for the next event (at most until the next timer) and
-calls each ready file's callback. Once `stop()` was called nothing more is handled: neither the rest of the
-round's events nor due timers. A pidfd is closed when it is forgotten, or else when the loop ends.
+Whoever waits on it holds a Scope (`loop.scope(timers)`): what it registers through the scope (files,
+process exits) and its Timers are the loop's until the scope closes, and then nothing of it is left (its
+files forgotten, its pidfds closed, its timers no longer fired). Scopes live side by side: the host
+environment's server (roles/hostenv.py) keeps one open for the whole job and answers ranks whenever a wait of
+the same process (the supervisor's, the pre-flight's, the worker's) runs the loop.
 
-`follow_output` is the one wait "read this process's output until it exits". Which waits run on a loop, and
-how it came to replace their own loops: docs/architecture.md.
+A wait runs the loop until one of its callbacks calls `stop()`. Each round fires the timers that are due,
+then waits for the next event (at most until the next timer) and calls each ready file's callback. Once
+`stop()` was called nothing more is handled: neither the rest of the round's events nor due timers. A pidfd
+is closed when it is forgotten, or else when its scope closes.
+
+`process_loop()` is the loop of this process; a test that runs a wait in a thread of its own gives it a Loop
+of its own. `follow_output` is the one wait "read this process's output until it exits". Which waits run on
+the loop, and how it came to replace their own loops: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -33,13 +40,13 @@ File = int | HasFileno
 
 
 class Loop:
-    """A context manager: the pidfds it opened and has not forgotten yet are closed when it ends."""
+    """One select over every open scope's files and timers. A context manager: its end closes it."""
 
-    def __init__(self, timers: Timers | None = None) -> None:
-        self.timers = Timers() if timers is None else timers
+    def __init__(self) -> None:
         self._sel = selectors.DefaultSelector()
-        self._pidfds: set[int] = set()  # open: those not forgotten yet
+        self._timers: list[Timers] = []  # the open scopes' (one entry a scope: a Timers may be shared)
         self._stopped = False
+        self._running = False
 
     def __enter__(self) -> Loop:
         return self
@@ -51,34 +58,10 @@ class Loop:
 
     def close(self) -> None:
         self._sel.close()
-        for fd in self._pidfds:
-            os.close(fd)
-        self._pidfds.clear()
 
-    def reader(self, file: File, callback: Callable[[], object]) -> None:
-        """Call `callback` whenever `file` is readable (also at its end: the callback reads b"" and may
-        `forget` it)."""
-        self._sel.register(file, selectors.EVENT_READ, callback)
-
-    def writer(self, file: File, callback: Callable[[], object]) -> None:
-        """Call `callback` whenever `file` can be written to (a socket with room in its buffer)."""
-        self._sel.register(file, selectors.EVENT_WRITE, callback)
-
-    def forget(self, file: File) -> None:
-        """Stop watching `file`; a pidfd of `exit_of` is closed too (the caller's own files stay open)."""
-        self._sel.unregister(file)
-        if isinstance(file, int) and file in self._pidfds:
-            self._pidfds.discard(file)
-            os.close(file)
-
-    def exit_of(self, pid: int, callback: Callable[[], object]) -> int:
-        """Call `callback` when the child `pid` has exited (it stays a zombie until its owner reaps it). The
-        pidfd, to `forget` it by: forgetting closes it (else the loop's end does), so a loop that watches
-        many processes in turn (a worker's ssh attempts, retried) holds one fd a process it still watches."""
-        fd = os.pidfd_open(pid)
-        self._pidfds.add(fd)
-        self._sel.register(fd, selectors.EVENT_READ, callback)
-        return fd
+    def scope(self, timers: Timers | None = None) -> Scope:
+        """A new owner's view of the loop, with its own timers (a new Timers unless given)."""
+        return Scope(self, self._sel, self._timers, Timers() if timers is None else timers)
 
     def stop(self) -> None:
         """End `run` once the running callback returns."""
@@ -88,24 +71,124 @@ class Loop:
         return self._stopped
 
     def run(self) -> None:
-        """Handle timers and events until a callback calls `stop()`. What a callback raises ends the loop and
-        is raised here."""
+        """Handle every scope's timers and events until a callback calls `stop()`. What a callback raises
+        ends the run and is raised here. One run at a time."""
+        if self._running:
+            raise RuntimeError("the loop is running already: a wait cannot run inside another")
         self._stopped = False
-        while self._round():
-            pass
+        self._running = True
+        try:
+            while self._round():
+                pass
+        finally:
+            self._running = False
+
+    def _timeout(self) -> float | None:
+        waits = [t for t in (timers.timeout() for timers in self._timers) if t is not None]
+        return min(waits, default=None)
 
     def _round(self) -> bool:
         """Fire the due timers, then handle the next events; False once stopped."""
-        self.timers.fire_due()
-        if self.stopped():
-            return False
-        for key, _ in self._sel.select(self.timers.timeout()):
+        for timers in list(self._timers):
+            timers.fire_due()
+            if self._stopped:
+                return False
+        for key, _ in self._sel.select(self._timeout()):
             if self._sel.get_map().get(key.fd) is not key:  # forgotten by a callback of this round
                 continue
             key.data()
-            if self.stopped():
+            if self._stopped:
                 return False
         return True
+
+
+_PROCESS_LOOP: tuple[int, Loop] | None = None
+
+
+def process_loop() -> Loop:
+    """This process's loop (a forked child gets its own)."""
+    global _PROCESS_LOOP  # noqa: PLW0603  (one loop a process, for its whole life: that is the point)
+    if _PROCESS_LOOP is None or _PROCESS_LOOP[0] != os.getpid():
+        _PROCESS_LOOP = (os.getpid(), Loop())
+    return _PROCESS_LOOP[1]
+
+
+class Scope:
+    """One owner's files, process exits and timers on a Loop, until `close` (a context manager's end)."""
+
+    def __init__(self, loop: Loop, sel: selectors.BaseSelector, fired: list[Timers], timers: Timers) -> None:
+        self.loop = loop
+        self.timers = timers
+        self._sel = sel  # the loop's
+        self._fired = fired  # the loop's: the Timers it fires, this scope's among them until it closes
+        self._keys: dict[int, selectors.SelectorKey] = {}  # fd -> what this scope registered
+        self._pidfds: set[int] = set()  # open: those not forgotten yet
+        fired.append(timers)
+
+    def __enter__(self) -> Scope:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Forget what this scope still watches, close its pidfds, stop firing its timers. Idempotent."""
+        for fd, key in self._keys.items():
+            if self._sel.get_map().get(fd) is key:  # not the fd of another owner's file since
+                self._sel.unregister(fd)
+        self._keys.clear()
+        for fd in self._pidfds:
+            os.close(fd)
+        self._pidfds.clear()
+        with contextlib.suppress(ValueError):  # closed already
+            self._fired.remove(self.timers)
+
+    def reader(self, file: File, callback: Callable[[], object]) -> None:
+        """Call `callback` whenever `file` is readable (also at its end: the callback reads b"" and may
+        `forget` it)."""
+        self._watch(file, selectors.EVENT_READ, callback)
+
+    def writer(self, file: File, callback: Callable[[], object]) -> None:
+        """Call `callback` whenever `file` can be written to (a socket with room in its buffer)."""
+        self._watch(file, selectors.EVENT_WRITE, callback)
+
+    def _watch(self, file: File, events: int, callback: Callable[[], object]) -> None:
+        key = self._sel.register(file, events, callback)
+        self._keys[key.fd] = key
+
+    def forget(self, file: File) -> None:
+        """Stop watching `file`; a pidfd of `exit_of` is closed too (the caller's own files stay open)."""
+        key = self._sel.unregister(file)
+        self._keys.pop(key.fd, None)
+        if key.fd in self._pidfds:
+            self._pidfds.discard(key.fd)
+            os.close(key.fd)
+
+    def exit_of(self, pid: int, callback: Callable[[], object]) -> int:
+        """Call `callback` when the process `pid` has exited (a child stays a zombie until its owner reaps
+        it). The pidfd, to `forget` it by: forgetting closes it (else the scope's end does), so a scope that
+        watches many processes in turn (the leader's ssh attempts, retried) holds one fd a process it still
+        watches."""
+        fd = os.pidfd_open(pid)
+        self._pidfds.add(fd)
+        try:
+            self._watch(fd, selectors.EVENT_READ, callback)
+        except BaseException:
+            self._pidfds.discard(fd)
+            os.close(fd)
+            raise
+        return fd
+
+    def stop(self) -> None:
+        self.loop.stop()
+
+    def stopped(self) -> bool:
+        return self.loop.stopped()
+
+    def run(self) -> None:
+        self.loop.run()
 
 
 def follow_output(
@@ -114,36 +197,37 @@ def follow_output(
     on_output: Callable[[int, bytes], object],
     timers: Timers | None = None,
     deadline: float | None = None,
+    loop: Loop | None = None,
 ) -> bool:
     """Pass what the process `pid` writes to the pipes `fds` to `on_output(fd, chunk)` as it comes, until the
     process exits: not until every copy of its pipes closes (a child it left running may hold them and write
     forever); then what is already in the pipes, bounded, and True. False when `deadline` (the timers' clock)
-    came first. `timers`: what else the wait does meanwhile."""
+    came first. `timers`: what else the wait does meanwhile. On `loop`, this process's by default."""
     open_fds = set(fds)
     exited = False
     ends = Timer("follow_output deadline")  # its own handle: the caller's timers (`timers`) keep theirs
-    with Loop(timers) as loop:
+    with (loop or process_loop()).scope(timers) as scope:
 
         def read(fd: int) -> None:
             chunk = os.read(fd, 65536)
             if chunk:
                 on_output(fd, chunk)
             else:
-                loop.forget(fd)
+                scope.forget(fd)
                 open_fds.discard(fd)
 
         def exit_() -> None:
             nonlocal exited
             exited = True
-            loop.stop()
+            scope.stop()
 
         for fd in sorted(open_fds):
-            loop.reader(fd, functools.partial(read, fd))
-        loop.exit_of(pid, exit_)
+            scope.reader(fd, functools.partial(read, fd))
+        scope.exit_of(pid, exit_)
         if deadline is not None:
-            loop.timers.at(ends, deadline, loop.stop)
-        loop.run()
-        loop.timers.cancel(ends)
+            scope.timers.at(ends, deadline, scope.stop)
+        scope.run()
+        scope.timers.cancel(ends)
     if exited:
         for fd in sorted(open_fds):
             for chunk in drain_pipe(fd):
@@ -151,23 +235,24 @@ def follow_output(
     return exited
 
 
-def wait_exits(pids: Iterable[int], timeout: float) -> bool:
+def wait_exits(pids: Iterable[int], timeout: float, loop: Loop | None = None) -> bool:
     """Wait until every process of `pids` has exited (children or not: a pidfd each), at most `timeout`
-    seconds; True when they all did. A process already gone counts as exited."""
+    seconds; True when they all did. A process already gone counts as exited. On `loop`, this process's by
+    default."""
     ends = Timer("wait_exits deadline")
-    with Loop() as loop:
+    with (loop or process_loop()).scope() as scope:
         left: dict[int, int] = {}  # pid -> its pidfd
 
         def exited(pid: int) -> None:
-            loop.forget(left.pop(pid))
+            scope.forget(left.pop(pid))
             if not left:
-                loop.stop()
+                scope.stop()
 
         for pid in set(pids):
             with contextlib.suppress(ProcessLookupError):  # gone already
-                left[pid] = loop.exit_of(pid, functools.partial(exited, pid))
+                left[pid] = scope.exit_of(pid, functools.partial(exited, pid))
         if not left:
             return True
-        loop.timers.after(ends, timeout, loop.stop)
-        loop.run()
+        scope.timers.after(ends, timeout, scope.stop)
+        scope.run()
         return not left

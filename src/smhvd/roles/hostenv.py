@@ -29,13 +29,12 @@ import json
 import os
 import secrets
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from smhvd.errors import HostEnvError
-from smhvd.proc.loop import Loop
+from smhvd.proc.loop import Loop, Scope, process_loop
 from smhvd.proc.timers import Timer
 from smhvd.proc.trust import (
     ENV_SOCKET,
@@ -117,13 +116,13 @@ def _remove_own(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def serving(path: Path, env: Mapping[str, str]) -> Iterator[None]:
-    """Answer this user's processes with `env` as JSON from the directory `path` while the block runs."""
+def serving(path: Path, env: Mapping[str, str], loop: Loop | None = None) -> Iterator[None]:
+    """Answer this user's processes with `env` as JSON from the directory `path` while the block runs,
+    whenever `loop` (this process's by default) runs: the block's waits run it (the supervisor's, the
+    pre-flight's, the worker's), and the ranks ask only while one of them does."""
     payload = json.dumps(dict(env)).encode()
     _claim(path)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    wake_r, wake_w = socket.socketpair()
-    thread = None
     try:
         try:  # an entry of another kind in the way (a directory named env.sock), ...
             server.bind(str(path / ENV_SOCKET))
@@ -140,55 +139,44 @@ def serving(path: Path, env: Mapping[str, str]) -> Iterator[None]:
         except OSError as exc:
             where = exc.filename2 or exc.filename or path
             raise HostEnvError(f"cannot serve this host's environment: {where}: {exc.strerror}") from None
-        thread = threading.Thread(
-            target=_answer_all, args=(server, payload, wake_r), name="smhvd-hostenv", daemon=True
-        )
-        thread.start()
-        yield
+        with (loop or process_loop()).scope() as scope:
+            answers = _answer_all(scope, server, payload)
+            try:
+                yield
+            finally:
+                answers.drop_all()
     finally:
-        with contextlib.suppress(OSError):
-            wake_w.send(b"x")
-        if thread is not None:
-            thread.join(timeout=2)
         server.close()
-        wake_r.close()
-        wake_w.close()
         _remove_own(path)
         with contextlib.suppress(OSError):
             path.rmdir()
 
 
-def _answer_all(server: socket.socket, payload: bytes, wake: socket.socket) -> None:
+def _answer_all(scope: Scope, server: socket.socket, payload: bytes) -> _Answers:
     """Send `payload` to every connection of this user, none waiting for another: each answer goes out in
     non-blocking writes, and a client that takes nothing for SEND_TIMEOUT is dropped. At most MAX_PENDING
-    answers at once: more connections wait in the listen queue. Ends when `wake` is readable."""
-    with Loop() as loop:
-        answers = _Answers(loop, payload)
+    answers at once: more connections wait in the listen queue."""
+    answers = _Answers(scope, payload)
 
-        def accept() -> None:
-            answers.accept(server)
-            if len(answers.pending) >= MAX_PENDING:
-                loop.forget(server)
+    def accept() -> None:
+        answers.accept(server)
+        if len(answers.pending) >= MAX_PENDING:
+            scope.forget(server)
 
-        def changed() -> None:  # an answer ended: below MAX_PENDING again, accept again
-            if len(answers.pending) == MAX_PENDING - 1:
-                loop.reader(server, accept)
+    def changed() -> None:  # an answer ended: below MAX_PENDING again, accept again
+        if len(answers.pending) == MAX_PENDING - 1:
+            scope.reader(server, accept)
 
-        def woken() -> None:
-            answers.drop_all()
-            loop.stop()
-
-        answers.on_drop = changed
-        loop.reader(server, accept)
-        loop.reader(wake, woken)
-        loop.run()
+    answers.on_drop = changed
+    scope.reader(server, accept)
+    return answers
 
 
 class _Answers:
     """The answers being sent: what is left of each, and until when its client may take nothing (the `late`
     timer is set for the earliest of these deadlines)."""
 
-    def __init__(self, loop: Loop, payload: bytes) -> None:
+    def __init__(self, loop: Scope, payload: bytes) -> None:
         self.loop = loop
         self.late = Timer("late answers")
         self.payload = payload

@@ -34,7 +34,7 @@ from typing import Any
 
 from smhvd import wire
 from smhvd.errors import PeerError, Stopped
-from smhvd.proc.loop import Loop
+from smhvd.proc.loop import Scope, process_loop
 from smhvd.proc.processes import die_with_parent
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.ssh import ssh_command
@@ -144,7 +144,7 @@ class _Worker:
 class _ConnectingWorkers:
     """The wait for every worker's link, as callbacks on `loop`: it stops once all are linked."""
 
-    def __init__(self, loop: Loop, workers: Sequence[_Worker], port: int, resolve: Resolve) -> None:
+    def __init__(self, loop: Scope, workers: Sequence[_Worker], port: int, resolve: Resolve) -> None:
         self.loop = loop
         self.workers = workers
         self.port = port
@@ -304,7 +304,7 @@ def connect_all(
         if signals is not None and signals.stop_requested():
             raise Stopped("stopped while waiting for " + what)
 
-    with Loop(Timers(clock)) as loop:
+    with process_loop().scope(Timers(clock)) as loop:
         check_stop()
         if signals is not None:
             loop.reader(signals, check_stop)

@@ -79,7 +79,7 @@ def test_nothing_is_handled_after_stop_and_a_forgotten_file_is_skipped() -> None
     os.write(w2, b"x")
     calls: list[str] = []
     try:
-        with Loop() as loop:
+        with Loop() as whole, whole.scope() as loop:
 
             def first() -> None:  # whichever the selector hands out first ends the loop
                 calls.append("stop")
@@ -92,7 +92,7 @@ def test_nothing_is_handled_after_stop_and_a_forgotten_file_is_skipped() -> None
         assert calls == ["timer", "stop"]
 
         calls.clear()
-        with Loop() as loop:
+        with Loop() as whole, whole.scope() as loop:
 
             def forget_other(mine: int, other: int) -> None:
                 calls.append("read")
@@ -117,7 +117,7 @@ def open_fds() -> int:
 def test_a_forgotten_process_exit_holds_no_fd() -> None:
     """exit_of + forget, 100 times on one loop (as a leader's retried ssh attempts): the fds held do not grow
     (before forget closed the pidfd: 100 more, one a process until the loop ended)."""
-    with Loop() as loop:
+    with Loop() as whole, whole.scope() as loop:
         before = open_fds()
         for _ in range(100):
             proc = subprocess.Popen(["true"])
@@ -126,7 +126,7 @@ def test_a_forgotten_process_exit_holds_no_fd() -> None:
             loop.forget(pidfd)
             proc.wait()
         assert open_fds() == before
-        watched = loop.exit_of(os.getpid(), loop.stop)  # one still watched is held, until the loop ends
+        watched = loop.exit_of(os.getpid(), loop.stop)  # one still watched is held, until the scope ends
         assert open_fds() == before + 1
     assert not _is_open(watched)
 
@@ -176,3 +176,48 @@ def test_wait_exits_waits_for_children_and_others_and_gives_up_at_its_timeout() 
     finally:
         long.kill()
         long.wait()
+
+
+def test_scopes_side_by_side_and_a_closed_scope_leaves_nothing() -> None:
+    """A long-lived scope (as the host environment's server) is served whenever another scope's wait runs the
+    loop; a closed scope's files, timers and pidfds are gone, whatever it left set."""
+    r_long, w_long = os.pipe()
+    r_wait, w_wait = os.pipe()
+    heard: list[str] = []
+    try:
+        with Loop() as whole, whole.scope() as standing:
+            standing.reader(r_long, lambda: heard.append(os.read(r_long, 10).decode()))
+            with whole.scope() as waiting:
+                os.write(w_long, b"a")  # for the standing scope, during the wait's run
+                waiting.timers.after(Timer("end"), 0.2, waiting.stop)
+                waiting.reader(r_wait, lambda: heard.append("the closed scope's reader"))
+                waiting.run()
+                assert heard == ["a"]
+                waiting.timers.after(Timer("left set"), 0, lambda: heard.append("the closed scope's timer"))
+                pidfd = waiting.exit_of(os.getpid(), lambda: None)
+            assert not _is_open(pidfd)
+            os.write(w_wait, b"x")  # readable now: nobody must be called for it
+            with whole.scope() as later:
+                os.write(w_long, b"b")
+                later.timers.after(Timer("end"), 0.2, later.stop)
+                later.run()
+            assert heard == ["a", "b"]
+    finally:
+        for fd in (r_long, w_long, r_wait, w_wait):
+            os.close(fd)
+
+
+def test_a_wait_cannot_run_inside_another() -> None:
+    raised: list[BaseException] = []
+    with Loop() as whole, whole.scope() as outer:
+
+        def nested() -> None:
+            try:
+                outer.run()
+            except RuntimeError as exc:
+                raised.append(exc)
+            outer.stop()
+
+        outer.timers.after(Timer("nested"), 0, nested)
+        outer.run()
+    assert len(raised) == 1 and "cannot run inside another" in str(raised[0])

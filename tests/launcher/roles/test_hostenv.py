@@ -23,11 +23,21 @@ from smhvd.env_options import FETCH_TIMEOUT, read_env_options
 from smhvd.environment import host_env
 from smhvd.errors import ConfigError, HostEnvError
 from smhvd.proc import processes, trust
+from smhvd.proc.loop import Loop, follow_output
 from smhvd.roles import hostenv
 from smhvd.wire import HOSTENV_SERVED_FROM
 from smhvd_dev.mltree import write_ml_tree
 from support.ci import need_root
+from support.loop_thread import running
 from tests.conftest import TRAIN
+
+
+@contextlib.contextmanager
+def served(path, env):
+    """hostenv.serving on a loop of the test's, run in a thread while the block runs (train runs its loop in
+    its waits; the test blocks in a fetch as a rank would)."""
+    with Loop() as loop, hostenv.serving(path, env, loop), running(loop):
+        yield
 
 
 def test_merge_host_env_below_the_leaders_forwarded_values_and_own_host_values_on_top():
@@ -91,10 +101,11 @@ from smhvd.environment import host_env
 from smhvd.errors import ConfigError, HostEnvError
 from smhvd.proc import trust
 from smhvd.wire import RankFailure
+from smhvd.proc.loop import process_loop
 from smhvd.roles import hostenv
 with hostenv.serving(trust.directory(int(sys.argv[1])), {"SM_CURRENT_HOST": "algo-2", "A": "1"}):
     print("serving", flush=True)
-    time.sleep(120)
+    process_loop().run()  # as train's waits run it: nothing here stops it
 """
 
 
@@ -114,7 +125,7 @@ def server(port, tmp_path):
 
 def test_a_served_environment_reaches_this_hosts_ranks_and_is_gone_after_the_block(port):
     env = {"A": "1", "MULTI": "line\nbreak", "UNICODE": "\u00e9"}
-    with hostenv.serving(trust.directory(port), env):
+    with served(trust.directory(port), env):
         path = trust.directory(port)
         assert trust.private_dir_problem(path, os.geteuid()) is None  # 0700, ours
         assert hostenv_client.fetch(trust.directory(port)) == env
@@ -126,13 +137,37 @@ def test_a_served_environment_reaches_this_hosts_ranks_and_is_gone_after_the_blo
         )  # nobody serves: a rank fails, never runs with another's identity
 
 
+FETCHES = (
+    "import sys\nfrom pathlib import Path\nfrom smhvd import hostenv_client\n"
+    "print(hostenv_client.fetch(Path(sys.argv[1]), timeout=30)['A'])\n"
+)
+
+
+@pytest.mark.integration  # starts processes
+def test_ranks_are_answered_while_a_wait_of_trains_runs_its_loop(port):
+    """No thread of its own serves: a rank's answer goes out while a wait of `train` (here the one over that
+    rank's output, as the supervisor's over mpirun) runs the process's loop."""
+    path = trust.directory(port)
+    got: list[bytes] = []
+    with Loop() as loop, hostenv.serving(path, {"A": "served"}, loop):
+        rank = subprocess.Popen([sys.executable, "-c", FETCHES, str(path)], stdout=subprocess.PIPE)
+        assert rank.stdout is not None
+        with rank.stdout:
+            exited = follow_output(
+                rank.pid, [rank.stdout.fileno()], lambda _fd, chunk: got.append(chunk), loop=loop
+            )
+        assert exited
+        assert rank.wait() == 0
+    assert b"".join(got) == b"served\n"
+
+
 def test_a_client_that_does_not_read_holds_up_no_other_and_is_dropped(port, monkeypatch):
     """A rank that connects and then takes nothing (stopped, stuck) must not keep the others waiting: each
     answer goes out in non-blocking writes, and a client that takes nothing for SEND_TIMEOUT is cut off."""
     monkeypatch.setattr(hostenv, "SEND_TIMEOUT", 0.5)
     env = {"BIG": "x" * (8 << 20)}  # far more than a socket buffer holds
     path = trust.directory(port)
-    with hostenv.serving(path, env), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stuck:
+    with served(path, env), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stuck:
         stuck.connect(str(path / trust.ENV_SOCKET))
         for _ in range(3):  # served while the stuck client's answer waits
             assert hostenv_client.fetch(path, timeout=30) == env
@@ -255,7 +290,7 @@ def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, ho
         else:
             path.chmod(0o770)
     refused = pytest.raises(HostEnvError, match=r"cannot serve this host's environment to its ranks: ")
-    with refused, hostenv.serving(trust.directory(port), {"A": "1"}):
+    with refused, served(trust.directory(port), {"A": "1"}):
         pass
     with pytest.raises(HostEnvError, match=r"this host's environment is not trusted: "):
         hostenv_client.fetch(trust.directory(port), timeout=2)
@@ -265,13 +300,13 @@ def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, ho
 def test_a_live_train_keeps_its_place_and_a_stale_one_is_taken_over(port, server):
     with (
         pytest.raises(HostEnvError, match=rf"is in use by pid {server.pid}"),
-        hostenv.serving(trust.directory(port), {"A": "2"}),
+        served(trust.directory(port), {"A": "2"}),
     ):
         pass
     assert hostenv_client.fetch(trust.directory(port))["A"] == "1"  # the refused second one removed nothing
     server.kill()  # gone without cleaning up: its directory and pid stay behind
     server.wait()
-    with hostenv.serving(trust.directory(port), {"A": "3"}):
+    with served(trust.directory(port), {"A": "3"}):
         assert hostenv_client.fetch(trust.directory(port))["A"] == "3"
 
 
@@ -281,7 +316,7 @@ def test_a_place_whose_pid_is_now_another_kind_of_process_is_taken_over(port):
     path.mkdir(mode=0o700)
     with subprocess.Popen(["sleep", "60"]) as other:  # alive, but not a train
         (path / trust.PID_FILE).write_text(str(other.pid))
-        with hostenv.serving(path, {"A": "4"}):
+        with served(path, {"A": "4"}):
             assert hostenv_client.fetch(path)["A"] == "4"
         other.kill()
 
@@ -291,7 +326,7 @@ def test_a_trains_pid_written_before_that_process_started_is_stale(port, server)
     path = trust.directory(port)
     hour_ago = time.time() - 3600
     os.utime(path / trust.PID_FILE, (hour_ago, hour_ago))  # the pid was written before this train started
-    with hostenv.serving(path, {"A": "5"}):
+    with served(path, {"A": "5"}):
         assert hostenv_client.fetch(path)["A"] == "5"
 
 
@@ -327,10 +362,10 @@ def test_entries_of_the_wrong_kind_are_one_line_naming_them(tmp_path):
     wrong = pytest.raises(
         HostEnvError, match=rf"cannot serve this host's environment: .*/{trust.ENV_SOCKET}: "
     )
-    with wrong, hostenv.serving(path, {"A": "1"}):
+    with wrong, served(path, {"A": "1"}):
         pass
     missing = pytest.raises(HostEnvError, match=r"cannot create .*/missing/place: No such file or directory")
-    with missing, hostenv.serving(tmp_path / "missing" / "place", {"A": "1"}):
+    with missing, served(tmp_path / "missing" / "place", {"A": "1"}):
         pass
 
 
@@ -358,7 +393,7 @@ def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
 
 def test_a_rank_on_the_leaders_host_asks_the_leaders_directory_elsewhere_its_workers(port, tmp_path):
     leaders = hostenv.leader_directory()
-    with hostenv.serving(leaders, {"SM_CURRENT_HOST": "algo-1"}):
+    with served(leaders, {"SM_CURRENT_HOST": "algo-1"}):
         assert hostenv_client.rank_directory({HOSTENV_SERVED_FROM: str(leaders)}, port) == leaders
         assert hostenv_client.fetch(leaders)["SM_CURRENT_HOST"] == "algo-1"
     gone = {HOSTENV_SERVED_FROM: str(leaders)}  # on a worker's host the leader's directory does not exist

@@ -21,6 +21,7 @@ import pytest
 from smhvd import wire
 from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, PeerError, Stopped
 from smhvd.proc.signals import SignalWatch
+from smhvd.roles import peers
 from smhvd.roles.peers import Address, Resolve, WorkerLink, close_all, connect_all
 from smhvd.roles.sshd import render_ssh_config
 from support.ci import unavailable
@@ -293,3 +294,33 @@ def test_the_ssh_config_prefers_a_cheap_key_exchange_that_ssh_accepts(tmp_path: 
     settings = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     assert settings["kexalgorithms"].split(",")[0] == "curve25519-sha256"
     assert settings["port"] == "2222"
+
+
+def test_a_hundred_failed_attempts_leave_the_leader_holding_no_more_fds(
+    tmp_path: Path, ports: SshPorts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """algo-3's first 100 sessions fail (retried at once here): at each probe before another attempt the
+    leader holds as many fds as at the first. Each attempt's pidfd is closed when it is forgotten; before
+    (issue 37) the loop held one more for every attempt until the wait ended."""
+    monkeypatch.setattr(peers, "retry_delay", lambda _attempts: 0.0)
+    ports.open("algo-3")
+    ports.listening["algo-3"].listen(1024)  # room for every probe's connection: none is accepted here
+    held: list[int] = []
+
+    def resolve(host: str, port: int) -> list[Address]:
+        held.append(len(os.listdir("/proc/self/fd")))
+        return ports.resolve(host, port)
+
+    links = connect_all(
+        ["algo-3"],
+        tmp_path / "ssh_config",
+        ports.port,
+        600,
+        command=relay(tmp_path, failing="algo-3:100"),
+        resolve=resolve,
+    )
+    close_all(links)
+    assert len((tmp_path / "tries-algo-3").read_text()) == 101
+    assert len(held) == 101  # a probe before each attempt
+    print(f"fds held at the 1st, 50th and 101st probe: {held[0]}, {held[49]}, {held[100]}")
+    assert set(held) == {held[0]}
