@@ -1,6 +1,7 @@
 """sshd for worker hosts and the ssh client config the leader uses: generated per run, key-only.
 
-Readiness is the PidFile: sshd writes it only after its listening socket is bound. The port (SMHVD_SSH_PORT)
+Readiness is the PidFile: sshd writes it only after its listening socket is bound, and `train` waits for it
+on its loop (its creation through inotify, sshd's exit, a deadline). The port (SMHVD_SSH_PORT)
 is read by hostenv_client.ssh_port: a rank reads it too, to find its host's `train`.
 """
 
@@ -14,8 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from smhvd.errors import PeerError
+from smhvd.proc.created import Created
+from smhvd.proc.loop import process_loop
 from smhvd.proc.processes import die_with_parent
-from smhvd.proc.waiting import NotYet, wait_until
+from smhvd.proc.timers import Timer
 
 HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 
@@ -113,23 +116,44 @@ def start_sshd(run_dir: Path, port: int, timeout: float = 10.0) -> subprocess.Po
     pid_file = run_dir / "sshd.pid"
     config = run_dir / "sshd_config"
     config.write_text(render_sshd_config(port, host_keys(run_dir), pid_file))
+    pid_file.unlink(missing_ok=True)  # only the sshd started here may say it listens
     proc = subprocess.Popen(
         [sshd_binary(), "-D", "-e", "-f", str(config)],
         stdin=subprocess.DEVNULL,
         preexec_fn=die_with_parent,  # noqa: PLW1509  (single-threaded here; no orphan sshd)
     )
 
-    def listening() -> bool | None:
-        if proc.poll() is not None:
-            raise PeerError(f"sshd exited with code {proc.returncode} at start (port {port} in use?)")
-        if not pid_file.is_file():
-            raise NotYet(f"no {pid_file} yet")
-        return True
-
     try:
-        wait_until(listening, what=f"sshd to listen on port {port}", timeout=timeout, error=PeerError)
+        _wait_listening(proc, pid_file, port, timeout)
     except PeerError:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         raise
     return proc
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], pid_file: Path, port: int, timeout: float) -> None:
+    """Until sshd has written its PidFile (it does once its socket is bound), on this process's loop:
+    the file's creation (proc/created.py), sshd's exit and the deadline are its events. PeerError if sshd
+    exits or the deadline comes first."""
+
+    def exited() -> None:
+        raise PeerError(f"sshd exited with code {proc.wait()} at start (port {port} in use?)")
+
+    def timed_out() -> None:
+        raise PeerError(
+            f"timed out after {timeout:g}s waiting for sshd to listen on port {port} (no {pid_file})"
+        )
+
+    with Created(pid_file.parent) as created, process_loop().scope() as scope:
+
+        def appeared() -> None:
+            created.drain()
+            if pid_file.is_file():
+                scope.stop()
+
+        scope.reader(created, appeared)
+        scope.exit_of(proc.pid, exited)
+        scope.timers.after(Timer("sshd's start"), timeout, timed_out)
+        if not pid_file.is_file():  # created before the watch began: no event will say so
+            scope.run()
