@@ -8,7 +8,8 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
-from types import TracebackType
+
+from smhvd.proc.closing import Closing
 
 _IN_CREATE = 0x00000100
 _IN_MOVED_TO = 0x00000080
@@ -17,7 +18,7 @@ _IN_CLOEXEC = os.O_CLOEXEC
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class Created:
+class Created(Closing):
     """Readable whenever an entry was created in (or moved into) `directory` since the last `drain`. A
     context manager: its end closes the fd."""
 
@@ -46,14 +47,6 @@ class Created:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def __enter__(self) -> Created:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def _error(call: str, directory: Path) -> OSError:

@@ -25,9 +25,9 @@ import functools
 import os
 import selectors
 from collections.abc import Callable, Iterable
-from types import TracebackType
 from typing import Protocol
 
+from smhvd.proc.closing import Closing
 from smhvd.proc.processes import drain_pipe
 from smhvd.proc.timers import Timer, Timers
 
@@ -39,7 +39,7 @@ class HasFileno(Protocol):
 File = int | HasFileno
 
 
-class Loop:
+class Loop(Closing):
     """One select over every open scope's files and timers. A context manager: its end closes it."""
 
     def __init__(self) -> None:
@@ -47,14 +47,6 @@ class Loop:
         self._timers: list[Timers] = []  # the open scopes' (one entry a scope: a Timers may be shared)
         self._stopped = False
         self._running = False
-
-    def __enter__(self) -> Loop:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         self._sel.close()
@@ -113,7 +105,7 @@ def process_loop() -> Loop:
     return _PROCESS_LOOP[1]
 
 
-class Scope:
+class Scope(Closing):
     """One owner's files, process exits and timers on a Loop, until `close` (a context manager's end)."""
 
     def __init__(self, loop: Loop, sel: selectors.BaseSelector, fired: list[Timers], timers: Timers) -> None:
@@ -124,14 +116,6 @@ class Scope:
         self._keys: dict[int, selectors.SelectorKey] = {}  # fd -> what this scope registered
         self._pidfds: set[int] = set()  # open: those not forgotten yet
         fired.append(timers)
-
-    def __enter__(self) -> Scope:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Forget what this scope still watches, close its pidfds, stop firing its timers. Idempotent."""
