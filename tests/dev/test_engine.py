@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from support.ci import in_ci, unavailable
+from support.ci import in_ci, need_engine, unavailable
 
 pytestmark = pytest.mark.integration  # runs the scripts, podman and (for the SDK venvs) pip
 
@@ -56,8 +56,7 @@ def pem_count() -> int:
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """PATH with a daemonless docker stub first; a project store of the test's own; no store chosen."""
-    if shutil.which("podman") is None or shutil.which("runc") is None:
-        unavailable("podman and runc are not installed (bin/daemonless-env.sh --install)")
+    need_engine()
     if os.geteuid() != 0:
         unavailable("the project store is rootful (podman as root)")
     stub_dir = tmp_path / "stub-bin"
