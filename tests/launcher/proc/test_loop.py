@@ -4,10 +4,12 @@ callback stops the loop nothing more is handled."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -221,3 +223,37 @@ def test_a_wait_cannot_run_inside_another() -> None:
         outer.timers.after(Timer("nested"), 0, nested)
         outer.run()
     assert len(raised) == 1 and "cannot run inside another" in str(raised[0])
+
+
+SRC = Path(__file__).resolve().parents[3] / "src" / "smhvd"
+
+
+def _calls_and_imports(path: Path) -> tuple[set[str], set[str]]:
+    """The names called (`Loop(...)`, `loop.Loop(...)`) and the modules imported in one source file."""
+    called: set[str] = set()
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+        elif isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    return called, imported
+
+
+def test_one_loop_a_process_and_no_thread_but_the_stack_dumps() -> None:
+    """The launcher's source makes a Loop in one place (process_loop: every wait is a scope of it) and
+    starts threads in one module (report/stacks.py: py-spy for each rank). A second loop or a serving thread
+    fails here."""
+    makes_loops, threads = [], []
+    for path in sorted(SRC.rglob("*.py")):
+        called, imported = _calls_and_imports(path)
+        where = str(path.relative_to(SRC))
+        if "Loop" in called:
+            makes_loops.append(where)
+        if imported & {"threading", "_thread", "concurrent.futures"}:
+            threads.append(where)
+    assert makes_loops == ["proc/loop.py"]
+    assert threads == ["report/stacks.py"]
