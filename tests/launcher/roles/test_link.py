@@ -3,6 +3,7 @@ worker's private directory, proc/trust.py)."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -118,6 +119,30 @@ def test_an_attempt_abandoned_before_start_is_not_a_failure_and_the_wait_is_boun
     assert str(result["error"]) == (
         "the leader algo-1 did not start the job within 1.5s (launcher_leader_timeout_seconds)"
     )
+
+
+def test_a_hundred_abandoned_attempts_leave_the_worker_holding_no_more_fds(waiter):
+    """The leader's retried attempts, each a connection to this worker's link socket that ends before the
+    job starts: after 100 of them the worker holds as many fds as after the first."""
+    w = waiter(timeout=120)
+    thread, result = wait_in_background(w)
+    held = []
+    try:
+        for _ in range(100):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as attempt:
+                attempt.connect(str(trust.directory(PORT) / trust.LINK_SOCKET))
+                wait_until(lambda: w.buffers or None, what="the worker to take the attempt", timeout=60)
+            wait_until(lambda: not w.buffers or None, what="the worker to drop the attempt", timeout=60)
+            held.append(len(os.listdir("/proc/self/fd")))
+    finally:
+        proc = relay()  # the leader's end, to end the wait
+        ready(proc)
+        say(proc, {"event": "start"}, {"event": "end", "exit_code": 0, "reason": ""})
+        proc.communicate(timeout=30)
+        thread.join(30)
+    assert result["verdict"] == Verdict(0, "")
+    print(f"fds held after the 1st, 50th and 100th attempt: {held[0]}, {held[49]}, {held[99]}")
+    assert set(held) == {held[0]}
 
 
 def test_relay_without_a_waiting_launcher_fails_clearly():
