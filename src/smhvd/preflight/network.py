@@ -30,7 +30,7 @@ SECONDS_PER_LINK = 0.03
 POLL = 0.0005  # seconds between looks at a request a rank waits for
 PATIENT_POLL = 0.01  # ... at most, for a rank that waits while others measure
 CONFIRM_SECONDS = 0.1
-CONFIRM_TRIES = 2  # each link measured alone this many times, its best kept
+CONFIRM_TRIES = 4  # a link slow alone is measured alone again, up to this many times; its best is kept
 MAX_CONFIRMED = 16  # suspect links measured again alone, the slowest first
 REPEATS = 2  # the measured rounds, each link's best kept (a busy host only ever slows a link down)
 PINGS = 5
@@ -90,6 +90,7 @@ def exchange(
     clock: Callable[[], float] = time.perf_counter,
     *,
     sends_to: list[int] | None = None,
+    spin: bool = False,
 ) -> dict[int, float]:
     """One round: receive from each of `peers` and send to each of `sends_to` (by default `peers` too: both
     ways at once); by source, the MB/s of its link, timed from the moment this rank asked for it to the
@@ -120,10 +121,11 @@ def exchange(
         if done and index != mpi.UNDEFINED:
             took[peers[index]] = clock() - start
             progressed = True
-        if not progressed:
+        if not progressed and not spin:
             time.sleep(POLL)
     while not mpi.Request.Testall([*sends, *asked]):
-        time.sleep(POLL)
+        if not spin:
+            time.sleep(POLL)
     return {p: rate(size_of((p, rank)), seconds) for p, seconds in took.items()}
 
 
@@ -165,12 +167,15 @@ def _same(size: int, _link: Link) -> int:
 
 def confirm(comm: Any, mpi: Any, rank: int, best: dict[int, float], ratio: float) -> dict[int, float]:
     """Measure each suspect link again alone, over CONFIRM_SECONDS, every other rank idle, and beside it the
-    link at the median, alone too; CONFIRM_TRIES times, each keeping its best. Measured together, links share
-    the hosts' CPUs (on a simulated cluster, one machine's) and a short window is at the mercy of one
-    descheduling, so a link can look slow that is not. A suspect's figure becomes the better of what it had
-    and its alone figure on the rounds' scale (`on_rounds_scale`): like is compared with like, and a link
-    slow alone too stays slow. Every rank computes the same suspects and reference from the allgathered
-    figures."""
+    link at the median, alone too. Measured together, links share the hosts' CPUs (on a simulated cluster,
+    one machine's) and a short window is at the mercy of one descheduling, so a link can look slow that is
+    not. A suspect's figure becomes the better of what it had and its best alone figure on the rounds' scale
+    (`on_rounds_scale`): like is compared with like, and a link slow alone too stays slow. Alone, both ends
+    poll without sleeping (`spin`): the other ranks are idle, and a sleep that overruns on a busy host would
+    be measured instead of the link. A transfer alone lasts milliseconds on a fast link, so one descheduling
+    can still spoil it: the links still slow (`still_slow`) are measured again, up to CONFIRM_TRIES times; a
+    link slow every time is slow. Every rank computes the same suspects and reference from the allgathered
+    figures, and learns every alone figure after each try."""
     every = {
         (src, dst): mb_s for dst, rates in enumerate(comm.allgather(best)) for src, mb_s in rates.items()
     }
@@ -179,23 +184,39 @@ def confirm(comm: Any, mpi: Any, rank: int, best: dict[int, float], ratio: float
     if not slow or med is None:
         return best
     reference = min((abs(mb_s - med), link) for link, mb_s in every.items() if link not in slow)[1]
-    confirmed = dict(best)
-    alone: dict[Link, float] = {}
+    alone: dict[Link, float] = {}  # every rank's, after each try
+    pending = slow
     for _ in range(CONFIRM_TRIES):
-        for src, dst in [reference, *slow]:
+        mine: dict[Link, float] = {}
+        for src, dst in [reference, *pending]:
             size = functools.partial(_same, sized(every[(src, dst)], CONFIRM_SECONDS))
             if rank == src:  # one way: the other way would cross the link under test too
-                exchange(comm, mpi, rank, [], size, sends_to=[dst])
+                exchange(comm, mpi, rank, [], size, sends_to=[dst], spin=True)
             elif rank == dst:
-                took = exchange(comm, mpi, rank, [src], size, sends_to=[])
-                alone[(src, dst)] = max(alone.get((src, dst), 0.0), took[src])
+                mine[(src, dst)] = exchange(comm, mpi, rank, [src], size, sends_to=[], spin=True)[src]
             else:
                 idle_wait(comm.Ibarrier(), PATIENT_POLL)
-    reference_alone = comm.bcast(alone.get(reference), root=reference[1])
+        for measured in comm.allgather(mine):
+            for link, mb_s in measured.items():
+                alone[link] = max(alone.get(link, 0.0), mb_s)
+        pending = still_slow(slow, alone, med, ratio, reference)  # on the scale of the best reference so far
+        if not pending:
+            break
+    confirmed = dict(best)
     for (src, dst), mb_s in alone.items():
-        if (src, dst) != reference:
-            confirmed[src] = max(confirmed[src], on_rounds_scale(mb_s, med, reference_alone))
+        if dst == rank and (src, dst) != reference:
+            # At most the median: a link cleared alone is as good as the median link, not better (lifted
+            # above it, the cleared links would raise the median the verdict compares the others with).
+            confirmed[src] = max(confirmed[src], min(med, on_rounds_scale(mb_s, med, alone.get(reference))))
     return confirmed
+
+
+def still_slow(
+    links: Iterable[Link], alone: dict[Link, float], med: float, ratio: float, reference: Link
+) -> list[Link]:
+    """The links whose best alone figure, on the rounds' scale, is still below ratio x the median. Pure."""
+    scale = functools.partial(on_rounds_scale, med=med, reference_alone=alone.get(reference))
+    return [link for link in links if scale(alone.get(link, 0.0)) < ratio * med]
 
 
 def on_rounds_scale(alone: float, med: float, reference_alone: float | None) -> float:

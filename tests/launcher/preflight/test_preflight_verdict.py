@@ -203,6 +203,17 @@ def test_a_link_measured_alone_is_put_on_the_rounds_scale_but_never_lifted() -> 
     assert network.on_rounds_scale(2.4, med=230.0, reference_alone=None) == 0.0
 
 
+def test_a_link_is_measured_alone_again_while_it_is_still_slow_on_the_best_references_scale() -> None:
+    # Median 50 in the rounds; the reference ran 1000 alone: a link needs 500 alone (25 on the rounds' scale).
+    ref, healthy, spoiled, slow, unmeasured = (5, 6), (1, 2), (3, 4), (7, 8), (9, 10)
+    alone = {ref: 1000.0, healthy: 900.0, spoiled: 40.0, slow: 2.4}
+    links = [healthy, spoiled, slow, unmeasured]
+    assert network.still_slow(links, alone, med=50.0, ratio=0.5, reference=ref) == [spoiled, slow, unmeasured]
+    # A better reference in a later try makes the scale stricter: a link cleared before is slow again.
+    alone[ref] = 2000.0
+    assert network.still_slow(links, alone, 50.0, 0.5, ref) == [healthy, spoiled, slow, unmeasured]
+
+
 def test_a_late_round_trip_is_far_above_the_median_in_ratio_and_in_time() -> None:
     assert network.late_trip(1.223, 0.018, 0.5)
     assert not network.late_trip(0.9, 0.018, 0.5)  # 50 times the median, but within the 1 ms floor
