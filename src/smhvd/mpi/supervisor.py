@@ -24,7 +24,7 @@ from pathlib import Path
 from smhvd.errors import EX_MPI_ABORT, exit_status
 from smhvd.mpi.output import StderrFilter
 from smhvd.proc.lines import write_all
-from smhvd.proc.loop import Loop, Scope, process_loop
+from smhvd.proc.loop import Scope, process_loop
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_rank_wrapper, signal_pids
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.timers import Timer, Timers
@@ -71,7 +71,6 @@ def supervise(
     tick_interval: float = HEARTBEAT_INTERVAL,
     dumps: Dumps | None = None,
     on_stop: Callable[[], object] = lambda: None,
-    loop: Loop | None = None,
 ) -> Outcome:
     """Run argv to its end. `tick` (the leader's heartbeat to its workers) is called every tick_interval;
     `dumps` says when to take stack dumps of every rank (SIGUSR1, a stop, a Horovod stall, silence);
@@ -99,7 +98,7 @@ def supervise(
         stack.callback(stderr.close)
         if watch is None:
             watch = stack.enter_context(SignalWatch())
-        scope = stack.enter_context((loop or process_loop()).scope(timers))
+        scope = stack.enter_context(process_loop().scope(timers))
         hung = HungAbort(lambda: proc.poll() is None, proc.terminate, lambda: _kill(proc), timers, scope.stop)
         stop = Stop(proc, {proc.pid, *keep}, dumps, on_stop, timers, scope)
 

@@ -219,12 +219,11 @@ def follow_output(
     return exited
 
 
-def wait_exits(pids: Iterable[int], timeout: float, loop: Loop | None = None) -> bool:
+def wait_exits(pids: Iterable[int], timeout: float) -> bool:
     """Wait until every process of `pids` has exited (children or not: a pidfd each), at most `timeout`
-    seconds; True when they all did. A process already gone counts as exited. On `loop`, this process's by
-    default."""
+    seconds; True when they all did. A process already gone counts as exited. On this process's loop."""
     ends = Timer("wait_exits deadline")
-    with (loop or process_loop()).scope() as scope:
+    with process_loop().scope() as scope:
         left: dict[int, int] = {}  # pid -> its pidfd
 
         def exited(pid: int) -> None:

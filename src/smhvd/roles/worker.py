@@ -26,7 +26,7 @@ from smhvd.env_options import read_env_options
 from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, HostEnvError, PeerError, exit_status
 from smhvd.mpi.supervisor import STOP_DUMP_WAIT, AfterDump, Dumps, terminate_local_ranks
 from smhvd.option_spec import key_of
-from smhvd.proc.loop import Loop, Scope, process_loop
+from smhvd.proc.loop import Scope, process_loop
 from smhvd.proc.processes import die_with_parent, kill_descendants
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.timers import Timer, Timers
@@ -78,7 +78,6 @@ class LinkWaiter:
         on_child: Callable[[], Verdict | None] | None = None,
         dumps: Dumps | None = None,
         clock: Callable[[], float] = time.monotonic,
-        loop: Loop | None = None,
     ) -> None:
         self.server = server
         self.leader = leader
@@ -98,12 +97,11 @@ class LinkWaiter:
         self.silence_timer = Timer("the leader's silence")
         self.stop_grace_timer = Timer("the grace for the leader's verdict")
         self.verdict: Verdict | None = None
-        self.on_loop = loop or process_loop()
-        self.loop: Scope  # what `wait` watches on `on_loop`, while it runs
+        self.loop: Scope  # what `wait` watches on this process's loop, while it runs
 
     def wait(self, keep: list[int]) -> Verdict:
         self.timers.after(self.start_timer, self.start_timeout, self._not_started)
-        self.loop = self.on_loop.scope(self.timers)
+        self.loop = process_loop().scope(self.timers)
         with self.loop as loop:
             loop.reader(self.server, self._accept)
             loop.reader(self.watch, functools.partial(self._signals, keep))
