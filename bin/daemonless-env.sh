@@ -110,16 +110,18 @@ runroot = "$state/run"
 graphroot = "$state/storage"
 CONF
 
-# Only fully qualified names are resolved (no silent Docker Hub lookups); the local test registry on the
-# loopback interface is plain HTTP.
-write_conf "$state/registries.conf" <<CONF
-unqualified-search-registries = []
-short-name-mode = "disabled"
-
-[[registry]]
-location = "127.0.0.1:5000"
-insecure = true
-CONF
+# Only fully qualified names are resolved (no silent Docker Hub lookups); registries on the loopback interface are
+# plain HTTP: 127.0.0.1:5000, and those bin/local-registry.sh started (listed in $state/local-registries).
+local_registries=("127.0.0.1:5000")
+if [ -f "$state/local-registries" ]; then
+  while IFS= read -r addr; do
+    if [[ "$addr" =~ ^127\.0\.0\.1:[0-9]+$ ]] && [ "$addr" != 127.0.0.1:5000 ]; then local_registries+=("$addr"); fi
+  done <"$state/local-registries"
+fi
+{
+  printf 'unqualified-search-registries = []\nshort-name-mode = "disabled"\n'
+  printf '\n[[registry]]\nlocation = "%s"\ninsecure = true\n' "${local_registries[@]}"
+} | write_conf "$state/registries.conf"
 
 # Registry logins made through this environment stay here, away from the user's own credentials.
 [ -s "$state/auth.json" ] || echo '{}' >"$state/auth.json"

@@ -13,7 +13,9 @@ usage: $(basename "$0") [options] LOCAL_IMAGE...
                      podman with the project's store; see docs/images.md, "Which engine, which store")
   --repository NAME  repository in the registry (default: the local image's name without its registry part)
   --registry HOST    push there instead of ECR (no AWS calls; log in yourself), e.g. 127.0.0.1:5000
-                     (also \$SMHVD_REGISTRY)
+                     (also \$SMHVD_REGISTRY). A registry on this machine, any port: bin/local-registry.sh
+                     --port N (or make registry REGISTRY_PORT=N) starts one; one on 127.0.0.1 or localhost is
+                     reached over plain HTTP, as Docker does
   --ecr              with --registry: it is an ECR registry under another name (e.g. an interface VPC
                      endpoint's DNS name): create the repository and log in as for ECR
   --region R         ECR region (default: \$AWS_REGION, \$AWS_DEFAULT_REGION, else 'aws configure get region')
@@ -119,7 +121,11 @@ for image in "${images[@]}"; do
   if [ "$engine" = docker ]; then
     push=(docker push "$remote")
   else
-    push=("$engine" push --format v2s2 "$image" "docker://$remote")
+    push=("$engine" push --format v2s2)
+    # Docker treats registries on the loopback interface as plain HTTP; podman and buildah only those their
+    # registries.conf names (bin/local-registry.sh adds its own): a user's registry on another port is too.
+    [[ "$registry" != 127.* && "$registry" != localhost:* ]] || push+=(--tls-verify=false)
+    push+=("$image" "docker://$remote")
   fi
   if [ "$dry_run" = 1 ]; then
     echo "push.sh: dry run: ${push[*]@Q}" >&2

@@ -3,9 +3,10 @@
 # the project's store (bin/lib/engine.sh; docs/images.md, "Which engine, which store"). Each script says which.
 #   make image-cpu                          # -> build/images/cpu.refs: NAME:cpu-GITSHA and NAME:cpu
 #   make image-push FLAVOR=cpu              # to ECR (AWS CLI credentials), or PUSH_ARGS='--registry HOST'
+#   make registry REGISTRY_PORT=5010        # a registry on 127.0.0.1:5010: PUSH_ARGS='--registry 127.0.0.1:5010'
 #   make local-train IMAGE=sagemaker-horovod:cpu LOCAL_TRAIN_ARGS='--source DIR --entry-point x.py'
 
-.PHONY: image-cpu image-gpu image-push local-train base-image test-images test-images-gpu
+.PHONY: image-cpu image-gpu image-push local-train base-image test-images test-images-gpu registry registry-stop
 
 ENGINE ?=
 IMAGE_NAME ?= sagemaker-horovod
@@ -31,6 +32,13 @@ endef
 image-push: ## push the last `make image-$(FLAVOR)` to ECR (PUSH_ARGS='--registry HOST' to push elsewhere)
 	test -s $(IMAGE_REFS_DIR)/$(FLAVOR).refs || { echo "run 'make image-$(FLAVOR)' first" >&2; exit 2; }
 	bash bin/push.sh $(_engine_opt) $(PUSH_ARGS) $$(cat $(IMAGE_REFS_DIR)/$(FLAVOR).refs)
+
+REGISTRY_PORT ?= 5000
+registry: ## start a registry on 127.0.0.1:REGISTRY_PORT (plain HTTP, trusted by the project's podman config)
+	bash bin/local-registry.sh --port $(REGISTRY_PORT) $(if $(CI),--install)
+
+registry-stop: ## stop the registry of `make registry` on REGISTRY_PORT (its data stays in build/registry)
+	bash bin/local-registry.sh --port $(REGISTRY_PORT) --stop
 
 local-train: ## run IMAGE as a one-host SageMaker job on a fresh /opt/ml (LOCAL_TRAIN_ARGS: see bin/local-train.sh -h)
 	bash bin/local-train.sh $(_engine_opt) $(LOCAL_TRAIN_ARGS) $(IMAGE)

@@ -158,8 +158,8 @@ def _read_hyperparameters(path: Path) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m smhvd_dev.mltree ROOT ...`: a one-host tree for `bin/local-train.sh` (channels and code are
-    empty directories that the container engine mounts over)."""
+    """`python -m smhvd_dev.mltree ROOT ...`: the tree of one host for `bin/local-train.sh` (channels and code
+    are empty directories that the container engine mounts over)."""
     parser = argparse.ArgumentParser(prog="python -m smhvd_dev.mltree", description=main.__doc__)
     parser.add_argument("root", type=Path)
     parser.add_argument(
@@ -171,9 +171,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--hp-json", action="append", default=[], type=_key_value, help="KEY=JSON; repeatable"
     )
     parser.add_argument("--instance-type", default="local")
+    parser.add_argument("--current-host", default="algo-1", help="this tree's host (default algo-1)")
+    parser.add_argument(
+        "--hosts", default=None, help="every host of the job, comma-separated (default: the current host)"
+    )
+    parser.add_argument("--job-name", default=None, help="sagemaker_job_name (default: ROOT's name)")
     args = parser.parse_args(argv)
+    hosts = tuple(args.hosts.split(",")) if args.hosts else (args.current_host,)
+    if args.current_host not in hosts:
+        print(
+            f"mltree: --current-host {args.current_host}: not one of --hosts {','.join(hosts)}",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        hps = sdk_defaults(args.root.name)
+        hps = sdk_defaults(args.job_name or args.root.name)
         if args.hyperparameters is not None:
             hps |= _read_hyperparameters(args.hyperparameters)
         hps |= dict(args.hp)
@@ -184,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise TreeError(f"--hp-json {key}: not valid JSON ({exc})") from exc
         write_ml_tree(
             args.root,
+            current_host=args.current_host,
+            hosts=hosts,
             hyperparameters=hps,
             channels=dict.fromkeys(args.channel),
             instance_type=args.instance_type,

@@ -70,3 +70,26 @@ def test_command_line_refuses_bad_json_in_one_line_and_writes_nothing(tmp_path: 
     assert done.stderr.startswith(f"mltree: --hyperparameters {hps}: not valid JSON")
     assert len(done.stderr.strip().splitlines()) == 1
     assert not root.exists()
+
+
+@pytest.mark.integration  # runs the command
+def test_command_line_writes_one_hosts_tree_of_several(tmp_path: Path) -> None:
+    """bin/local-train.sh --hosts N: one tree per host, each naming itself among all, one job name."""
+    root = tmp_path / "job-2" / "algo-2"
+    done = subprocess.run(
+        [sys.executable, "-m", "smhvd_dev.mltree", str(root), "--current-host", "algo-2",
+         "--hosts", "algo-1,algo-2", "--job-name", "job-2"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job = load_job(SageMakerPaths(root))
+    assert (job.resources.current_host, job.resources.hosts) == ("algo-2", ("algo-1", "algo-2"))
+    assert json.loads(SageMakerPaths(root).hyperparameters.read_text())["sagemaker_job_name"] == '"job-2"'
+    refused = subprocess.run(
+        [sys.executable, "-m", "smhvd_dev.mltree", str(tmp_path / "x"), "--current-host", "algo-3",
+         "--hosts", "algo-1,algo-2"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr == "mltree: --current-host algo-3: not one of --hosts algo-1,algo-2\n"
+    assert not (tmp_path / "x").exists()
