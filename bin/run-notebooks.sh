@@ -43,6 +43,8 @@ out=$(cd "$out" && pwd)
 
 # shellcheck source=bin/lib/engine.sh
 source "$repo/bin/lib/engine.sh"
+# shellcheck source=bin/lib/phase.sh
+source "$repo/bin/lib/phase.sh"
 engine=""
 pick_engine run-notebooks.sh docker podman
 install=()
@@ -50,17 +52,22 @@ install=()
 if [ "$engine" = podman ] && [ "$(id -u)" = 0 ]; then
   # netavark and aardvark-dns (containers resolve algo-1, algo-2...), debootstrap for the base image: installed
   # when missing (root only; otherwise they must be there already)
-  bash "$repo/bin/daemonless-env.sh" --install >/dev/null
+  phase run-notebooks.sh "podman's tools (bin/daemonless-env.sh --install)" \
+    bash "$repo/bin/daemonless-env.sh" --install >/dev/null
 fi
 if [ "$engine" = podman ] && [ -z "$image" ] && [ -z "$(project_base_image)" ]; then
-  bash "$repo/bin/make-base-image.sh" --tag "$PROJECT_BASE_IMAGE"
+  phase run-notebooks.sh "the base image $PROJECT_BASE_IMAGE (bin/make-base-image.sh)" \
+    bash "$repo/bin/make-base-image.sh" --tag "$PROJECT_BASE_IMAGE"
 fi
 if [ -z "$image" ]; then
-  image=$(bash "$repo/bin/build.sh" --engine "$engine" cpu | head -n 1)
+  image=$(phase run-notebooks.sh "the CPU image (bin/build.sh cpu)" bash "$repo/bin/build.sh" --engine "$engine" cpu |
+    head -n 1)
 fi
 
-v3=$(bash "$repo/bin/sdk-v3-venv.sh" "${install[@]}" --with-notebook "$sdk_dir")
-v2=$(bash "$repo/bin/sdk-venv.sh" "${install[@]}" --with-notebook "$sdk_dir")
+v3=$(phase run-notebooks.sh "the SDK v3 venv with a Jupyter kernel ($sdk_dir/v3)" \
+  bash "$repo/bin/sdk-v3-venv.sh" "${install[@]}" --with-notebook "$sdk_dir")
+v2=$(phase run-notebooks.sh "the SDK v2 venv with a Jupyter kernel and the docker shims ($sdk_dir/v2)" \
+  bash "$repo/bin/sdk-venv.sh" "${install[@]}" --with-notebook "$sdk_dir")
 v2_python=$(sed -n 's/^PYTHON=//p' <<<"$v2")
 shims=$(sed -n 's/^SHIMS=//p' <<<"$v2")
 v3_python=$(sed -n 's/^PYTHON=//p' <<<"$v3")

