@@ -168,10 +168,12 @@ def tensorpack_example_tryout_runs_as_the_page_says(
     )  # nothing for model.tar.gz: the checkpoints are under /opt/ml/checkpoints
     stats = json.loads((logdir / "stats.json").read_text())
     scored = [k for entry in stats for k in entry if "mAP" in k]
+    summary = (work / "output" / "data" / "job-summary.json").stat().st_size
+    assert 1000 <= summary < 10_000, summary  # the page's table: "a few kB"
     record_timing(
         "maskrcnn-tryout-tensorpack", seconds, checkpoint_bytes=files["model-40.data-00000-of-00001"],
         logdir_bytes=sum(files.values()), predictcost_lines=log.count("Error in PredictCost()"),
-        c_api_lines=log.count("c_api.cc"), map_keys=len(scored),
+        c_api_lines=log.count("c_api.cc"), map_keys=len(scored), job_summary_bytes=summary,
     )  # fmt: skip
     assert "c_api.cc" not in log  # TF_CPP_MIN_LOG_LEVEL=2 (the page's --env) hides TensorFlow's C++ warnings
 
