@@ -119,8 +119,12 @@ storage:
 http:
   addr: $addr
 CONF
+# The registry reads every REGISTRY_* variable as configuration: podman's REGISTRY_AUTH_FILE (the project's
+# configuration sets it) would become its `auth` section. It gets none of them.
+unset_registry=()
+for name in $(compgen -e REGISTRY_ || true); do unset_registry+=(-u "$name"); done
 # Its own session: it outlives this script (and a make that ran it) until --stop.
-setsid docker-registry serve "$dir/config.yml" >"$dir/registry.log" 2>&1 </dev/null &
+setsid env "${unset_registry[@]}" docker-registry serve "$dir/config.yml" >"$dir/registry.log" 2>&1 </dev/null &
 echo "$!" >"$pidfile"
 deadline=$((SECONDS + 30))
 until answers; do

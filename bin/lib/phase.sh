@@ -17,13 +17,13 @@ phase() {
   return "$status"
 }
 
-# stamp_steps START: copy stdin to stdout, each build step's first line (podman/buildah `STEP n/m: ...`, the docker
-# legacy builder's `Step n/m : ...`) prefixed with the seconds since START (a value of $SECONDS).
+# stamp_steps START: copy stdin to stdout, each build step's first line (podman/buildah `[stage/stages] STEP n/m: ...`,
+# the docker legacy builder's `Step n/m : ...`) prefixed with the seconds since START (a value of $SECONDS).
 stamp_steps() {
   local start=$1 line
   while IFS= read -r line || [ -n "$line" ]; do
     case "$line" in
-      "STEP "* | "Step "*) printf '[%5d s] %s\n' "$((SECONDS - start))" "$line" ;;
+      "STEP "* | "["*"] STEP "* | "Step "*) printf '[%5d s] %s\n' "$((SECONDS - start))" "$line" ;;
       *) printf '%s\n' "$line" ;;
     esac
   done

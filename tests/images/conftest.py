@@ -5,7 +5,7 @@
   by every checkout; CI=true: missing tools are apt-installed, never skipped);
 - a Debian base image made with debootstrap from the Debian mirror (bin/make-base-image.sh, cached);
 - the CPU and GPU images built FROM it by bin/build.sh (warm layer cache: a rebuild takes seconds);
-- a local registry (the CNCF distribution registry) on a free port of 127.0.0.1;
+- a local registry (the CNCF distribution registry) on a free port of 127.0.0.1 (bin/local-registry.sh);
 - podman's Docker-compatible API service, so the docker CLI and scripts written for docker run for real.
 
 Build and run durations are appended to build/images-test/timings.jsonl (figures for the README).
@@ -18,10 +18,7 @@ import shutil
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -87,49 +84,35 @@ def cpu_image(engine_env: dict[str, str], base_image: str) -> BuiltImage:
 
 @pytest.fixture(scope="session")
 def registry(engine_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real registry (docker-registry serve) on 127.0.0.1, plain HTTP, empty at start.
+    """A real registry (docker-registry serve) on 127.0.0.1, plain HTTP, empty at start, started as a user
+    starts one (bin/local-registry.sh, `make registry`): the project's podman configuration then reaches it
+    over plain HTTP, and --stop forgets it again.
 
-    Its port is a free one (another test run may hold 5000); podman/buildah learn that it is plain HTTP from a
-    registries.conf made here, which the session's engine environment then uses.
-    """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        addr = f"127.0.0.1:{s.getsockname()[1]}"
+    Its port is the first free one of 5010-5019 (the range this tier's registries take: another test run, or a
+    user's registry, may hold 5000)."""
+    port = next((p for p in REGISTRY_PORTS if port_is_free(p)), None)
+    if port is None:
+        pytest.fail(f"no free port in {REGISTRY_PORTS[0]}-{REGISTRY_PORTS[-1]} for the test registry")
+    script = ["bash", str(REPO / "bin" / "local-registry.sh"), "--port", str(port)]
     root = tmp_path_factory.mktemp("registry")
-    registries = root / "registries.conf"
-    registries.write_text(
-        Path(engine_env["CONTAINERS_REGISTRIES_CONF"]).read_text()
-        + f'\n[[registry]]\nlocation = "{addr}"\ninsecure = true\n'
-    )
-    engine_env["CONTAINERS_REGISTRIES_CONF"] = str(registries)
-    config = root / "config.yml"
-    config.write_text(
-        "version: 0.1\n"
-        "log:\n  level: warn\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
-        f"http:\n  addr: {addr}\n"
-    )
-    log = (root / "registry.log").open("w")
-    proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://{addr}/v2/"
-    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-    def answers() -> bool:
-        assert (
-            proc.poll() is None
-        ), f"docker-registry exited {proc.returncode}: {(root / 'registry.log').read_text()}"
-        try:
-            with no_proxy.open(url, timeout=2) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
+    addr = run([*script, "--dir", str(root)], engine_env, 60).stdout.strip()
+    assert addr == f"127.0.0.1:{port}", addr
     try:
-        wait_until(f"the registry to answer {url}", answers, timeout=30)
         yield addr
     finally:
-        stop(proc, timeout=10)
-        log.close()
+        run([*script, "--dir", str(root), "--stop"], engine_env, 60)
+
+
+REGISTRY_PORTS = range(5010, 5020)
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @pytest.fixture(scope="session")

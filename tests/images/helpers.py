@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -69,6 +70,21 @@ def run(
     return proc
 
 
+def without_aws(env: dict[str, str], tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """`env` as on a machine with no AWS account, configuration or region (files that do not exist), and a
+    TMPDIR of the test's own (returned too), where an SDK's local mode writes the job files that the test
+    then looks at and removes."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    clean = {k: v for k, v in env.items() if not k.startswith("AWS_")} | {
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+        "TMPDIR": str(tmp),
+        "PYTHONUNBUFFERED": "1",
+    }
+    return clean, tmp
+
+
 def compose_project_left(env: dict[str, str], project: str) -> list[str]:
     """What a compose project still holds in the store: its containers (podman-compose labels each with the
     project) and the pod podman-compose makes per project unless run with --in-pod false (pod_<project>)."""
@@ -124,6 +140,9 @@ def build_image(
     seconds = time.monotonic() - start
     refs = proc.stdout.split()
     assert len(refs) == 2, f"bin/build.sh should print two image references, printed {proc.stdout!r}"
+    # every build step's line says how long the build has run (a long step is never silent)
+    steps = (WORK / f"build-{flavor}-{engine}.log").read_text()
+    assert re.search(r"^\[ *\d+ s\] (\[\d+/\d+\] )?STEP \d+/\d+: ", steps, re.MULTILINE), steps[-2000:]
     record_timing(f"build-{flavor}-{engine}", seconds)
     image_id = run(["podman", "image", "inspect", "--format", "{{.Id}}", refs[0]], env, 60).stdout.strip()
     return BuiltImage(immutable=refs[0], moving=refs[1], image_id=image_id, commit=commit, seconds=seconds)

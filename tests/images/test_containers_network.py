@@ -1,17 +1,20 @@
-"""Containers of the CPU image on one container network, as SageMaker runs a multi-instance job.
+"""Containers of the CPU image on one container network, as SageMaker runs a multi-instance job: by hand (the
+test starts each container) and through `bin/local-train.sh --hosts N`, the command a user types.
 
 Each container is one instance: its own /opt/ml tree (resourceconfig.json naming it algo-K among algo-1..N),
 the name algo-K as a network alias on a podman bridge network (netavark + aardvark-dns resolve it), a hostname
-that is NOT algo-K (SageMaker and the SDK's local mode do not promise one), `train` as the command, and a user
-variable given only through the container's environment (the estimator's `environment=`). What a user relies
-on: the Horovod job spans every container, each rank sees its own host's SM_CURRENT_HOST and the environment
-of its container, every container exits 0 at the end; when a rank on the last host crashes, every container
-exits within seconds with that rank's code and the failure file names the rank and its host.
+that is NOT algo-K in the test's own containers (SageMaker and the SDK's local mode do not promise one;
+local-train.sh sets it), `train` as the command, and a user variable given only through the container's
+environment (the estimator's `environment=`). What a user relies on: the Horovod job spans every container,
+each rank sees its own host's SM_CURRENT_HOST and the environment of its container, every container exits 0 at
+the end; when a rank on the last host crashes, every container exits within seconds with that rank's code, the
+failure file names the rank and its host, and local-train.sh exits with that code and shows every host's.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ import pytest
 
 from smhvd_dev.mltree import write_ml_tree
 
-from .helpers import BuiltImage, record_timing, run, wait_until
+from .helpers import REPO, BuiltImage, record_timing, run
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -203,7 +206,7 @@ def hyperparameters(processes_per_host: int, **script: object) -> dict[str, obje
     }
 
 
-@pytest.mark.parametrize(("hosts", "per_host"), [(2, 2), (3, 1)])
+@pytest.mark.parametrize(("hosts", "per_host"), [(3, 1)])  # 2 x 2: through bin/local-train.sh, below
 def test_horovod_job_across_containers_on_a_network(job: Job, hosts: int, per_host: int) -> None:
     start = job.start(hosts, hyperparameters(per_host, mode="ok"))
     codes = job.wait(timeout=300)
@@ -232,30 +235,101 @@ def test_horovod_job_across_containers_on_a_network(job: Job, hosts: int, per_ho
     assert max(ends) - min(ends) < 25.0, ends
 
 
-def test_crash_on_the_last_host_ends_every_container(job: Job) -> None:
-    hosts = 3
-    last = f"algo-{hosts}"
-    job.start(hosts, hyperparameters(1, mode="crash", crash_host=last))
-    crash_file = job.instances[-1].ml / "output" / "data" / f"rank-{hosts - 1}.json.crash"
+# --- bin/local-train.sh --hosts 2 --processes-per-host 2: the same probe, as a user runs a multi-host job ---
 
-    def crashed() -> bool:
-        if crash_file.exists():
-            return True
-        leader = job.instances[0].container
-        state = run(["podman", "inspect", "--format", "{{.State.Status}}", leader], job.env, 60).stdout
-        assert state.strip() == "running", f"{leader} is {state.strip()} before the crash:\n{job.logs()}"
-        return False
+LOCAL_TRAIN = REPO / "bin" / "local-train.sh"
 
-    wait_until(f"the rank on {last} to crash", crashed, timeout=240)
-    crashed_at = float(crash_file.read_text())
-    codes = job.wait(timeout=60)  # the other ranks sleep 300 s: ended by the crash, or this times out
-    ends = {inst.alias: job.finished_at(inst) for inst in job.instances}
-    slowest = max(ends.values()) - crashed_at
-    record_timing("containers-3-crash-to-last-exit", slowest)
-    # README: every host exits with the failing rank's code (mpirun's), at once.
-    assert codes == {inst.alias: 3 for inst in job.instances}, job.logs()
-    for inst in job.instances:
-        failure = (inst.ml / "output" / "failure").read_text()
-        assert f"rank {hosts - 1} on {last} exited with code 3" in failure, (inst.alias, failure)
-    leader_failure = (job.instances[0].ml / "output" / "failure").read_text()
-    assert f"probe-crash-marker: rank {hosts - 1} on {last} gives up" in leader_failure
+
+def local_train(
+    image: str, env: dict[str, str], tmp_path: Path, *command: str, **script: object
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`bin/local-train.sh --hosts 2 --processes-per-host 2` with the probe as the user's code, nothing else
+    (the launcher's own mpirun defaults: the interface resourceconfig.json names)."""
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "probe.py").write_text(PROBE)
+    hps = tmp_path / "hyperparameters.json"
+    hps.write_text(json.dumps({"sagemaker_job_name": "local-train-hosts-test", **script}))
+    argv = [
+        "bash", str(LOCAL_TRAIN), "--hosts", "2", "--processes-per-host", "2", "--source", str(code),
+        "--entry-point", "probe.py", "--hyperparameters", str(hps), "--env", "=".join(USER_VARIABLE),
+        "--work", str(tmp_path / "job"), image, *command,
+    ]  # fmt: skip
+    start = time.monotonic()
+    # bounded: the ranks left waiting by a crash sleep 300 s, so a job not ended by it fails here
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400, check=False)
+    return proc, time.monotonic() - start
+
+
+def left_by(env: dict[str, str], stderr: str) -> list[str]:
+    """The containers and the network of the run whose first line names its network, if still there."""
+    found = re.search(r"^local-train\.sh: 2 hosts \(algo-1 algo-2\) on network (\S+);", stderr, re.MULTILINE)
+    assert found, stderr
+    network = found.group(1)
+    ps = ["podman", "ps", "-a", "--format", "{{.Names}}", "--filter", f"name=^{network}-algo-"]
+    left = run(ps, env, 60).stdout.split()
+    networks = run(["podman", "network", "ls", "--format", "{{.Name}}"], env, 60).stdout.split()
+    return left + [f"network {network}"] * (network in networks)
+
+
+def test_local_train_runs_2_hosts_x_2_processes(
+    cpu_image: BuiltImage, engine_env: dict[str, str], tmp_path: Path
+) -> None:
+    proc, seconds = local_train(cpu_image.immutable, engine_env, tmp_path, mode="ok")
+    record_timing("local-train-2x2-job", seconds)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-5000:]
+    for k, alias in enumerate(("algo-1", "algo-2")):
+        tree = tmp_path / "job" / alias
+        config = json.loads((tree / "input" / "config" / "resourceconfig.json").read_text())
+        assert (config["current_host"], config["hosts"]) == (alias, ["algo-1", "algo-2"])
+        data = tree / "output" / "data"
+        records = {p.name: json.loads(p.read_text()) for p in sorted(data.glob("rank-*.json"))}
+        ranks = (2 * k, 2 * k + 1)  # --map-by slot: hosts filled in order
+        assert sorted(records) == [f"rank-{r}.json" for r in ranks], log[-5000:]
+        for local_rank, rank in enumerate(ranks):
+            rec = records[f"rank-{rank}.json"]
+            assert (rec["size"], rec["sum_of_ranks"]) == (4, 6.0)  # the allreduce spanned both containers
+            assert (rec["local_rank"], rec["local_size"]) == (local_rank, 2)
+            assert (rec["sm_current_host"], rec["hostname"]) == (alias, alias), rec
+            assert rec["myvar"] == USER_VARIABLE[1]
+        assert f"{alias} | " in proc.stdout  # each host's output, prefixed with its name
+        assert f"local-train.sh: {alias} exited 0" in proc.stderr.splitlines()
+        assert not (tree / "output" / "failure").exists()
+    assert proc.stderr.splitlines()[-1].startswith("local-train.sh: exit 0; model: ")
+    assert left_by(engine_env, proc.stderr) == []  # containers and network removed
+
+
+def test_local_train_reports_a_crash_on_algo_2_on_every_host(
+    cpu_image: BuiltImage, engine_env: dict[str, str], tmp_path: Path
+) -> None:
+    proc, seconds = local_train(cpu_image.immutable, engine_env, tmp_path, mode="crash", crash_host="algo-2")
+    record_timing("local-train-2x2-crash", seconds)
+    log = proc.stdout + proc.stderr
+    # README: every host exits with the failing rank's code, and so does the command.
+    assert proc.returncode == 3, log[-5000:]
+    lines = proc.stderr.splitlines()
+    for alias in ("algo-1", "algo-2"):
+        failure = tmp_path / "job" / alias / "output" / "failure"
+        headline = failure.read_text().splitlines()[0]
+        assert re.fullmatch(r"rank [23] on algo-2 exited with code 3", headline), (alias, headline)
+        assert f"local-train.sh: {alias} exited 3; {failure}: {headline}" in lines, log[-3000:]
+    leader_failure = (tmp_path / "job" / "algo-1" / "output" / "failure").read_text()
+    assert "probe-crash-marker: rank" in leader_failure and "on algo-2 gives up" in leader_failure
+    assert any(line.startswith("local-train.sh: the job failed (exit 3): rank ") for line in lines), log[
+        -3000:
+    ]
+    assert lines[-1].startswith("local-train.sh: exit 3; model: ")
+    assert left_by(engine_env, proc.stderr) == []
+
+
+def test_local_train_preflight_checks_both_hosts(
+    cpu_image: BuiltImage, engine_env: dict[str, str], tmp_path: Path
+) -> None:
+    """README: `--hosts 2 ... preflight` checks two containers as two hosts (the network between them too)."""
+    proc, seconds = local_train(cpu_image.immutable, engine_env, tmp_path, "preflight")
+    record_timing("local-train-2-hosts-preflight", seconds)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-5000:]
+    assert "pre-flight: all 2 host(s) fine" in log, log[-5000:]
+    assert not list((tmp_path / "job").glob("algo-*/output/data/rank-*.json"))  # no script ran

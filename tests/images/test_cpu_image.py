@@ -144,24 +144,67 @@ def test_image_is_a_sagemaker_training_image(cpu_image: BuiltImage, engine_env: 
     assert "nchw gradients (1, 3, 8, 8) (3, 3, 3, 4)" in out, out
 
 
-def test_preflight_on_its_own_checks_the_container_and_names_a_small_shm(
+# A line of TensorFlow's C++ log at INFO: `2026-11-28 05:06:23.12: I tensorflow/core/util/port.cc:113] ...`
+TF_INFO_LINE = re.compile(r"^\S+ \S+: I \S+:\d+\] ", re.MULTILINE)
+
+
+def test_tensorflows_info_lines_are_off_unless_the_user_asks(
     cpu_image: BuiltImage, engine_env: dict[str, str]
 ) -> None:
+    """docs/output.md: the image's default TF_CPP_MIN_LOG_LEVEL=1 keeps TensorFlow's start-up INFO lines out
+    of every rank's log; a user's own value (here 0, as `environment=` or `--env` give it) brings them
+    back."""
+
+    def stderr_of(*options: str) -> str:
+        probe = "import tensorflow as tf; print(float(tf.reduce_sum(tf.ones([2]))))"
+        argv = [
+            "podman",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            *options,
+            cpu_image.immutable,
+            "python",
+            "-c",
+            probe,
+        ]
+        proc = run(argv, engine_env, 300)
+        assert proc.stdout.strip() == "2.0"
+        return proc.stderr
+
+    assert TF_INFO_LINE.findall(stderr_of()) == []
+    assert TF_INFO_LINE.findall(stderr_of("--env", "TF_CPP_MIN_LOG_LEVEL=0")), "no INFO line at level 0"
+
+
+def test_preflight_on_its_own_checks_the_container_and_names_a_small_shm(
+    cpu_image: BuiltImage, engine_env: dict[str, str], tmp_path: Path
+) -> None:
     """`docker run IMAGE preflight` on a machine (no SageMaker tree): the container's /dev/shm as the engine
-    gives it (podman: 64 MB) is too small for NCCL and is named, exit 75; with --shm-size=1g every check
-    passes."""
-
-    def preflight(*options: str) -> tuple[int, str]:
-        argv = ["podman", "run", "--rm", "--network", "none", *options, cpu_image.immutable, "preflight"]
-        proc = subprocess.run(argv, env=engine_env, capture_output=True, text=True, timeout=120, check=False)
-        return proc.returncode, proc.stdout + proc.stderr
-
-    code, text = preflight()
+    gives it (podman: 64 MB) is too small for NCCL and is named, exit 75. The README's command,
+    `bin/local-train.sh IMAGE preflight` (the engine and store chosen as for every script, /dev/shm 1 GB),
+    passes every check."""
+    argv = ["podman", "run", "--rm", "--network", "none", cpu_image.immutable, "preflight"]
+    proc = subprocess.run(argv, env=engine_env, capture_output=True, text=True, timeout=120, check=False)
+    code, text = proc.returncode, proc.stdout + proc.stderr
     assert code == 75, text
     named = re.search(r"1 of 1 host\(s\) named .*/dev/shm has ([\d.]+) MB free; at least 512 MB wanted", text)
     assert named and float(named.group(1)) <= 64, text  # podman's default: 65,536,000 bytes, 62.5 MiB
-    code, text = preflight("--shm-size=1g")
+    # The README's command, as a user types it (no --engine: the engine rule chooses podman and the store).
+    env = {k: v for k, v in engine_env.items() if not k.startswith("CONTAINERS_")}
+    readme = [
+        "bash",
+        str(REPO / "bin" / "local-train.sh"),
+        "--work",
+        str(tmp_path / "ml"),
+        cpu_image.immutable,
+    ]
+    proc = subprocess.run(
+        [*readme, "preflight"], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    code, text = proc.returncode, proc.stdout + proc.stderr
     assert code == 0, text
+    assert "local-train.sh: engine: podman (" in text, text
     assert "pre-flight: all 1 host(s) fine" in text, text
     # its row: host, cpus, memory, no GPU, 1024 MB of /dev/shm free
     assert re.search(r"^\S+\s+\d+\s+[\d.]+\s+0\s+1024\s", text, re.MULTILINE), text
@@ -293,6 +336,13 @@ def test_push_to_local_registry_and_pull_back(
     local_id = podman(engine_env, "image", "inspect", "--format", "{{.Id}}", cpu_image.immutable).strip()
     assert manifest["config"]["digest"] == f"sha256:{local_id}"
     assert (tmp_path / "pulled" / local_id).is_file()
+    # podman pulls it as it is, with the project's configuration (bin/local-registry.sh trusts the registry's
+    # plain HTTP there): what `podman run`, or an SDK's local mode, does with the pushed URI.
+    pulled = podman(engine_env, "pull", "--quiet", uri, timeout=600).strip()
+    try:
+        assert pulled == local_id
+    finally:
+        podman(engine_env, "rmi", uri)
 
 
 FAKE_AWS = r"""#!/usr/bin/env bash
