@@ -20,7 +20,7 @@ with the project's configuration and store (bin/daemonless-env.sh):
   docker           -> podman (\`docker compose version\` fails, so the SDK uses docker-compose)
   docker-compose   -> podman-compose --in-pod false (no pod left per job; --abort-on-container-exit becomes
                       --abort-on-container-failure, so that a failed job fails the SDK's fit(): podman-compose
-                      returns 0 for the former)
+                      returns 0 for the former; the containers' ids podman prints are left out)
 USAGE
 }
 
@@ -83,12 +83,16 @@ SH
   # it returns the first failing container's code (as Docker Compose does) and still stops every container.
   # --in-pod false: podman-compose would otherwise make a pod per compose project (pod_<project>) that nothing
   # removes (the SDK removes no container either): its jobs would leave empty pods in the store.
+  # podman-compose passes on what `podman create` prints, each container's id alone on a line: left out (the
+  # SDK shows every line of this command); the exit code stays podman-compose's.
   cat <<'SH'
 args=()
 for a in "$@"; do
   if [ "$a" = --abort-on-container-exit ]; then args+=(--abort-on-container-failure); else args+=("$a"); fi
 done
-exec "$podman_compose" --in-pod false "${args[@]}"
+set +e +o pipefail
+"$podman_compose" --in-pod false "${args[@]}" | grep --line-buffered -v -E '^[0-9a-f]{64}$'
+exit "${PIPESTATUS[0]}"
 SH
 } >"$dir/bin/docker-compose"
 chmod 755 "$dir/bin/docker" "$dir/bin/docker-compose"

@@ -5,7 +5,8 @@ podman-compose with the project store). podman-compose makes a pod per compose p
 unless told not to, and nothing removes it: the image tier alone left 17 empty pods in the store. Here a
 compose project shaped like the SDK's (one service per host on the `sagemaker-local` network, `command: train`
 replaced by `true`) runs through the real shims and podman-compose; no pod may exist during or after the run,
-and the teardown the image tests share (helpers.remove_compose_project) must leave nothing of it.
+and the teardown the image tests share (helpers.remove_compose_project) must leave nothing of it. The run's
+output shows no container id (podman-compose passes on each one podman prints).
 
 The shims are made for the test by bin/sdk-venv.sh --shims-only with a `docker` first on PATH whose `info`
 fails: a stub (a script in the test's directory), as no Docker daemon can run here; it stands for a docker CLI
@@ -15,6 +16,7 @@ with a stopped daemon, which must lead to podman behind the shims.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -97,6 +99,11 @@ def test_a_local_mode_compose_run_leaves_no_pod_and_teardown_leaves_nothing(
             check=False,
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        # podman's container ids (a bare 64-hex line per container created) are not shown to the user
+        ids = [
+            line for line in (proc.stdout + proc.stderr).splitlines() if re.fullmatch(r"[0-9a-f]{64}", line)
+        ]
+        assert ids == [], proc.stdout[-3000:]
         left = compose_project_left(env, project)
         assert len([x for x in left if x.startswith("container ")]) == 2, left  # it ran: both containers
         assert not [x for x in left if x.startswith("pod ")], left

@@ -150,7 +150,9 @@ def with_usable_interface(
     """The job with an interface this host has: the named one, else the one routing to the other hosts.
 
     SDK v3 local mode names "ethwe", which no container has; a job should not fail over a name when the
-    route to its peers is plain to see. Unchanged (and validate_job reports it) when no route is found.
+    route to its peers is plain to see. Unchanged (and validate_job reports it) when no route is found. In the
+    SDKs' local modes (instance types "local", "local_cpu", "local_gpu") that is how every run goes, so it is
+    said once in docs/sdk.md and logged at DEBUG; on SageMaker a name the host lacks is a WARNING.
     """
     named = job.resources.network_interface_name
     if named is None or named in interfaces:
@@ -168,7 +170,9 @@ def with_usable_interface(
         found = wait_until(route, what="a route to the other hosts", timeout=wait)
     except WaitTimeout:
         return job
-    log.warning(
+    local_mode = (job.resources.current_instance_type or "").startswith("local")
+    log.log(
+        logging.DEBUG if local_mode else logging.WARNING,
         "%s: network_interface_name %r is not an interface of this host; using %s, which routes to the "
         "other hosts",
         job.paths.resource_config,

@@ -3,6 +3,7 @@
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import re
 import signal
@@ -437,12 +438,13 @@ def test_route_device(text, device):
     assert parse_route_device(text) == device
 
 
-def _job(tmp_path, interface):
+def _job(tmp_path, interface, instance_type="ml.c5.xlarge"):
     paths = write_ml_tree(
         tmp_path / "ml",
         current_host="algo-2",
         hosts=("algo-1", "algo-2", "algo-3"),
         network_interface_name=interface,
+        instance_type=instance_type,
     )
     return Job(
         paths=paths,
@@ -475,6 +477,17 @@ def test_a_missing_interface_becomes_the_one_routing_to_the_other_hosts(tmp_path
     )
     assert asked == ["algo-1", "algo-3"]  # never the host itself
     assert "network_interface_name 'ethwe' is not an interface of this host; using eth0" in caplog.text
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+
+
+def test_in_an_sdks_local_mode_the_missing_interface_is_no_warning(tmp_path, caplog):
+    """SDK v3's local mode names 'ethwe' in every run: docs/sdk.md says so once; the log does at DEBUG."""
+    caplog.set_level(logging.DEBUG)
+    job = _job(tmp_path, "ethwe", instance_type="local_cpu")
+    fixed = with_usable_interface(job, {"lo", "eth0"}, lambda host: "eth0")
+    assert fixed.resources.network_interface_name == "eth0"
+    said = [r.levelname for r in caplog.records if "network_interface_name 'ethwe'" in r.getMessage()]
+    assert said == ["DEBUG"]
 
 
 def test_without_a_route_the_job_is_unchanged_for_validation_to_report(tmp_path):
