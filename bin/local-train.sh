@@ -157,6 +157,12 @@ if [ "$engine" = podman ] && ! podman image exists "$image" \
   die "image $image is not in the store above: build it with bin/build.sh (same engine choice, same store)"
 fi
 
+# Hosts find each other by name (algo-K) through podman's netavark network backend and its DNS, aardvark-dns.
+if [ "$engine" = podman ] && [ "$hosts" -gt 1 ] && [ -z "$network" ] &&
+  ! [ -x /usr/lib/podman/aardvark-dns ] && ! [ -x /usr/libexec/podman/aardvark-dns ]; then
+  die "--hosts $hosts with podman: aardvark-dns is not installed, algo-K would not resolve (bin/daemonless-env.sh --install)"
+fi
+
 if [ -z "$work" ]; then
   mkdir -p "$repo/build/local-train"
   work=$(mktemp -d "$repo/build/local-train/job-$(date +%Y%m%d-%H%M%S)-XXXX")
