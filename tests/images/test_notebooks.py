@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import REPO, WORK, BuiltImage, compose_project_left, record_timing, remove_compose_project
+from .helpers import (
+    REPO,
+    WORK,
+    BuiltImage,
+    compose_project_left,
+    record_timing,
+    remove_compose_project,
+    without_aws,
+)
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -38,14 +46,8 @@ def test_make_notebooks_runs_both_in_local_mode_and_leaves_nothing(
 ) -> None:
     parameters = tmp_path / "parameters.json"
     parameters.write_text(json.dumps(SHORT_RUN))
-    out, tmp = tmp_path / "notebooks", tmp_path / "tmp"
-    tmp.mkdir()
-    env = {k: v for k, v in engine_env.items() if not k.startswith("AWS_")} | {
-        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
-        "TMPDIR": str(tmp),
-        "PYTHONUNBUFFERED": "1",
-    }
+    out = tmp_path / "notebooks"
+    env, tmp = without_aws(engine_env, tmp_path)
     args = f"--image {cpu_image.immutable} --parameters {parameters} --out {out}"
     started = time.monotonic()
     proc = subprocess.run(
