@@ -289,7 +289,8 @@ status=0
 for code in "${codes[@]}"; do
   if [ "$code" != 0 ]; then status=$code; break; fi
 done
-reported=0
+# Every host's exit code and failure line, then the first failure file in full (SageMaker's FailureReason).
+first_failure=""
 for k in "${!host_names[@]}"; do
   failure=${trees[$k]}/output/failure
   if [ "$hosts" -gt 1 ]; then
@@ -297,10 +298,10 @@ for k in "${!host_names[@]}"; do
     [ ! -s "$failure" ] || line+="; $failure: $(head -n 1 "$failure")"
     echo "$line" >&2
   fi
-  if [ "$reported" = 0 ] && [ -s "$failure" ]; then
-    echo "local-train.sh: the job failed (exit $status): $(head -c 1024 "$failure")" >&2
-    reported=1
-  fi
+  if [ -z "$first_failure" ] && [ -s "$failure" ]; then first_failure=$failure; fi
 done
+if [ -n "$first_failure" ]; then
+  echo "local-train.sh: the job failed (exit $status): $(head -c 1024 "$first_failure")" >&2
+fi
 echo "local-train.sh: exit $status; model: ${trees[0]}/model; output: ${trees[0]}/output/data" >&2
 exit "$status"
