@@ -70,6 +70,28 @@ def run(
     return proc
 
 
+def run_to_log(
+    argv: list[str], env: dict[str, str], cwd: Path, timeout: float, log_name: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run `argv` with its stdout and stderr as one stream (as a user's terminal shows them), kept in
+    WORK/log_name; returns the process and how long it ran."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    seconds = time.monotonic() - start
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / log_name).write_text(proc.stdout)
+    return proc, seconds
+
+
 def without_aws(env: dict[str, str], tmp_path: Path) -> tuple[dict[str, str], Path]:
     """`env` as on a machine with no AWS account, configuration or region (files that do not exist), and a
     TMPDIR of the test's own (returned too), where an SDK's local mode writes the job files that the test

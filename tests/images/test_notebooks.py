@@ -14,19 +14,17 @@ local mode makes are the test's to look at; every container and pod of those job
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from .helpers import (
     REPO,
-    WORK,
     BuiltImage,
     compose_project_left,
     record_timing,
     remove_compose_project,
+    run_to_log,
     without_aws,
 )
 
@@ -49,20 +47,9 @@ def test_make_notebooks_runs_both_in_local_mode_and_leaves_nothing(
     out = tmp_path / "notebooks"
     env, tmp = without_aws(engine_env, tmp_path)
     args = f"--image {cpu_image.immutable} --parameters {parameters} --out {out}"
-    started = time.monotonic()
-    proc = subprocess.run(
-        ["make", "-s", "notebooks", f"NOTEBOOKS_ARGS={args}"],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
-    WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / "make-notebooks.log").write_text(proc.stdout)
-    record_timing("make-notebooks", time.monotonic() - started, exit_code=proc.returncode)
+    notebooks = ["make", "-s", "notebooks", f"NOTEBOOKS_ARGS={args}"]
+    proc, seconds = run_to_log(notebooks, env, REPO, 1500, "make-notebooks.log")
+    record_timing("make-notebooks", seconds, exit_code=proc.returncode)
     # The notebooks' local-mode jobs: a compose file each under their container roots (in TMPDIR).
     projects = {p.parent.name for p in tmp.rglob("docker-compose.yaml")}
     left = {project: compose_project_left(env, project) for project in projects}

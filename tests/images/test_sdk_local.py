@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from .helpers import (
     BuiltImage,
     record_timing,
     remove_compose_project,
+    run_to_log,
     stop,
     wait_until,
     without_aws,
@@ -166,27 +166,14 @@ def test_the_pages_sdk_v2_local_mode_lines_train_mnist(
     traceback (the telemetry opt-out) and no container id (the compose shim)."""
     python, sdk_env = sdk
     program = doc_snippet(SDK_PAGE, "sdk-v2-local", {"sagemaker-horovod:cpu": cpu_image.immutable})
-    env, tmp = without_aws(
-        sdk_env, tmp_path
-    )  # local mode's files (no container_root) go to the test's TMPDIR
-    start = time.monotonic()
+    # local mode's files (no container_root) go to the test's TMPDIR
+    env, tmp = without_aws(sdk_env, tmp_path)
     try:
-        proc = subprocess.run(
-            [python, "-c", program],
-            env=env,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=900,
-            check=False,
-        )
+        proc, seconds = run_to_log([python, "-c", program], env, REPO, 900, "sdk-v2-snippet.log")
     finally:
         left = [
             x for c in tmp.rglob("docker-compose.yaml") for x in remove_compose_project(env, c.parent.name)
         ]
-    seconds = time.monotonic() - start
-    (WORK / "sdk-v2-snippet.log").write_text(proc.stdout)
     record_timing("sdk-v2-local-snippet-fit", seconds, exit_code=proc.returncode)
     out = proc.stdout
     assert proc.returncode == 0, out[-5000:]

@@ -16,7 +16,6 @@ import re
 import subprocess
 import tarfile
 import textwrap
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ import pytest
 from support.ci import in_ci
 from support.snippets import doc_snippet
 
-from .helpers import REPO, WORK, BuiltImage, record_timing, remove_compose_project
+from .helpers import REPO, BuiltImage, record_timing, remove_compose_project, run_to_log
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -141,25 +140,12 @@ def run_trainer(sdk: dict[str, str], image: str, tmp_path: Path, name: str, spec
 def run_sdk(sdk: dict[str, str], argv: list[str], cwd: Path, root: Path, name: str) -> Run:
     """The SDK's python with `argv` in `cwd`; then the containers of the compose project(s) the SDK wrote
     under `root` are removed, and must be all that is left of them."""
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(
-            [sdk["SDK_PYTHON"], *argv],
-            env=sdk,
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=JOB_TIMEOUT,
-            check=False,
-        )
-        seconds = time.monotonic() - start  # the SDK's own time: the removal below is the test's
+    try:  # the SDK's own time: the removal below is the test's
+        proc, seconds = run_to_log([sdk["SDK_PYTHON"], *argv], sdk, cwd, JOB_TIMEOUT, f"sdk-v3-{name}.log")
     finally:
         projects = {compose.parent.name for compose in root.rglob("docker-compose.yaml")}
         left = [x for project in sorted(projects) for x in remove_compose_project(sdk, project)]
     assert not left, f"the job under {root} left these in the store: {left}"
-    WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / f"sdk-v3-{name}.log").write_text(proc.stdout)
     record_timing(f"sdk-v3-local-{name}", seconds, exit_code=proc.returncode)
     return Run(proc.returncode, proc.stdout, root, seconds)
 
