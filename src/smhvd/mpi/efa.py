@@ -1,20 +1,21 @@
 """EFA (Elastic Fabric Adapter): decided from the machine, not from a list of instance types.
 
-At start each host asks libfabric whether its EFA provider is usable (`fi_info -p efa -t FI_EP_RDM`). When it
-is, the ranks get (a value already in the environment always wins):
+At start each host asks libfabric (the images': docs/images.md) whether its efa provider is usable
+(`fi_info -p efa -t FI_EP_RDM`). When it is, the ranks get (a value already in the environment wins):
 
-- FI_PROVIDER=efa: libfabric users (Open MPI's ofi MTL, NCCL's aws-ofi-nccl plugin) take EFA or fail loudly,
-  instead of falling back to the TCP/sockets providers, which look like a working but slow job;
-- FI_EFA_USE_DEVICE_RDMA=1, only when the provider reports RMA (the device does RDMA read: p4d, p5, trn1):
-  one-sided transfers through the device instead of emulation;
-- FI_EFA_FORK_SAFE=1: data loaders fork; libfabric's registered memory must survive a fork in the child;
-- OMPI_MCA_pml=cm and OMPI_MCA_mtl=ofi: Open MPI's point-to-point traffic through libfabric (so, with the
-  above, through EFA). Debian's Open MPI, the images', has the ofi MTL but turns it off in
-  /etc/openmpi/openmpi-mca-params.conf (`mtl = ^ofi`): without these, MPI would run over TCP on an EFA
-  instance. An environment variable outranks that file, an mpirun option outranks both; `cm` alone is
-  chosen so that a failing EFA stops the job (`PML cm cannot be selected`) instead of falling back to TCP.
-  mpirun passes them on to every rank on every host. (NCCL over EFA needs the aws-ofi-nccl plugin besides:
-  docs/images.md.)
+- FI_PROVIDER=efa: Open MPI's ofi MTL takes EFA or fails loudly instead of using libfabric's tcp provider, a
+  working but slow job (aws-ofi-nccl, NCCL's plugin, takes efa by itself on AWS);
+- FI_EFA_FORK_SAFE=1: data loaders fork, and memory registered with EFA must survive a fork on kernels before
+  5.13. aws-ofi-nccl sets it for NCCL; MPI (all of the CPU image's Horovod traffic) has no plugin to;
+- OMPI_MCA_pml=cm and OMPI_MCA_mtl=ofi: Open MPI's point-to-point traffic through libfabric. Debian's Open
+  MPI, the images', turns its ofi MTL off in /etc/openmpi/openmpi-mca-params.conf (`mtl = ^ofi`), which an
+  environment variable outranks (an mpirun option outranks both); `cm` alone, so that a failing EFA stops the
+  job (`PML cm cannot be selected`) instead of falling back to TCP. mpirun passes them on.
+
+Nothing else, as aws-ofi-nccl's EFA guide has it for libfabric >= 1.18 and the plugin >= 1.7: no
+FI_EFA_USE_DEVICE_RDMA (libfabric uses RDMA read where the device has it), no NCCL_PROTO=simple (the plugin
+sets it where the device does not order deliveries), no NCCL_NET_PLUGIN (the images' loader cache has the
+plugin as libnccl-net.so, the name NCCL loads).
 
 A list of instance types known to have EFA is used for one thing only: a warning when such an instance finds
 no EFA (the security group or the image's EFA software is missing, and the job would run over TCP).
@@ -49,25 +50,24 @@ EFA_INSTANCE_TYPES = frozenset(
     }
 )
 _PROVIDER = re.compile(r"^\s*(?:provider|prov_name):\s*efa\b", re.MULTILINE)  # plain or -v output
-_RMA = re.compile(r"\bFI_RMA\b")
+# fi_getinfo's -FI_ENODATA: the efa provider is there and found no device (a provider missing reads the same).
+NO_DEVICE = "libfabric's efa provider finds no EFA device"
 
 
 @dataclass(frozen=True)
 class EfaProbe:
     present: bool
-    rdma: bool
-    detail: str  # what the probe saw, for the log line
+    detail: str  # what the probe saw, in words, for the log line
 
 
 def read_probe(returncode: int | None, stdout: str, stderr: str) -> EfaProbe:
-    """Interpret `fi_info -p efa -t FI_EP_RDM -v` (returncode None: fi_info is not installed)."""
+    """Interpret `fi_info -p efa -t FI_EP_RDM -v` (returncode None: fi_info is not installed). Pure."""
     if returncode is None:
-        return EfaProbe(False, False, "fi_info not found (no libfabric)")
-    if returncode != 0 or not _PROVIDER.search(stdout):
-        last = (stderr.strip().splitlines() or stdout.strip().splitlines() or ["no output"])[-1]
-        return EfaProbe(False, False, f"fi_info -p efa: {last[:200]}")
-    rdma = bool(_RMA.search(stdout))
-    return EfaProbe(True, rdma, f"fi_info -p efa: provider found, RDMA read {'yes' if rdma else 'no'}")
+        return EfaProbe(False, "fi_info not found (no libfabric)")
+    if returncode == 0 and _PROVIDER.search(stdout):
+        return EfaProbe(True, "libfabric's efa provider answers")
+    last = (stderr.strip().splitlines() or stdout.strip().splitlines() or ["no output"])[-1].strip()
+    return EfaProbe(False, NO_DEVICE if "fi_getinfo: -61" in last else f"fi_info -p efa: {last[:200]}")
 
 
 def _run_probe(argv: Sequence[str], timeout: float) -> StepResult:
@@ -82,9 +82,9 @@ def probe(run: Callable[[Sequence[str], float], StepResult] = _run_probe) -> Efa
     except FileNotFoundError:
         return read_probe(None, "", "")
     except OSError as exc:
-        return EfaProbe(False, False, f"fi_info failed: {exc}")
+        return EfaProbe(False, f"fi_info failed: {exc}")
     if result.returncode is None:
-        return EfaProbe(False, False, f"fi_info did not finish within {PROBE_TIMEOUT:g}s (ended)")
+        return EfaProbe(False, f"fi_info did not finish within {PROBE_TIMEOUT:g}s (ended)")
     return read_probe(result.returncode, *result.text())
 
 
@@ -93,8 +93,6 @@ def efa_env(found: EfaProbe, env: Mapping[str, str]) -> dict[str, str]:
     if not found.present:
         return {}
     wanted = {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1", "OMPI_MCA_pml": "cm", "OMPI_MCA_mtl": "ofi"}
-    if found.rdma:
-        wanted["FI_EFA_USE_DEVICE_RDMA"] = "1"
     return {k: v for k, v in wanted.items() if k not in env}
 
 

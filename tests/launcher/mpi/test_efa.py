@@ -3,7 +3,7 @@ follow libfabric's two formats (plain `provider: efa` blocks, and `-v` YAML with
 
 import pytest
 
-from smhvd.mpi.efa import EfaProbe, efa_env, expected_but_missing, read_probe
+from smhvd.mpi.efa import NO_DEVICE, EfaProbe, efa_env, expected_but_missing, read_probe
 
 VERBOSE_RDMA = """---
 fi_info:
@@ -25,51 +25,48 @@ PLAIN_NO_RDMA = """provider: efa
 
 
 @pytest.mark.parametrize(
-    ("returncode", "stdout", "stderr", "present", "rdma"),
+    ("returncode", "stdout", "stderr", "present", "detail"),
     [
-        (0, VERBOSE_RDMA, "", True, True),
-        (0, PLAIN_NO_RDMA, "", True, False),
-        (61, "", "fi_getinfo: -61 (No data available)", False, False),  # libfabric without an EFA device
-        (0, "provider: tcp\n    fabric: 10.0.0.0/16\n", "", False, False),
-        (None, "", "", False, False),  # fi_info not installed
+        (0, VERBOSE_RDMA, "", True, "libfabric's efa provider answers"),
+        (0, PLAIN_NO_RDMA, "", True, "libfabric's efa provider answers"),
+        # what the images' fi_info prints where there is no EFA device: said in words, not as an errno
+        (61, "", "fi_getinfo: -61 (No data available)", False, NO_DEVICE),
+        (0, "provider: tcp\n    fabric: 10.0.0.0/16\n", "", False, "fi_info -p efa: fabric: 10.0.0.0/16"),
+        (
+            1,
+            "",
+            "fi_getinfo: -22 (Invalid argument)\n",
+            False,
+            "fi_info -p efa: fi_getinfo: -22 (Invalid argument)",
+        ),
+        (None, "", "", False, "fi_info not found (no libfabric)"),
     ],
 )
-def test_read_probe(returncode, stdout, stderr, present, rdma):
-    found = read_probe(returncode, stdout, stderr)
-    assert (found.present, found.rdma) == (present, rdma)
-    assert found.detail
+def test_read_probe(returncode, stdout, stderr, present, detail):
+    assert read_probe(returncode, stdout, stderr) == EfaProbe(present, detail)
 
 
 def test_no_efa_adds_nothing():
-    assert efa_env(EfaProbe(False, False, "x"), {}) == {}
+    assert efa_env(EfaProbe(False, "x"), {}) == {}
 
 
 # Open MPI's libfabric path (Debian's Open MPI turns its ofi MTL off): tests/launcher/mpi/test_efa_mpi.py
 OPEN_MPI_OFI = {"OMPI_MCA_pml": "cm", "OMPI_MCA_mtl": "ofi"}
 
 
-def test_efa_sets_the_provider_fork_safety_and_rdma_only_when_the_device_does_rdma_read():
-    assert efa_env(EfaProbe(True, True, "x"), {}) == {
-        "FI_PROVIDER": "efa",
-        "FI_EFA_FORK_SAFE": "1",
-        "FI_EFA_USE_DEVICE_RDMA": "1",
-        **OPEN_MPI_OFI,
-    }
-    assert efa_env(EfaProbe(True, False, "x"), {}) == {
-        "FI_PROVIDER": "efa",
-        "FI_EFA_FORK_SAFE": "1",
-        **OPEN_MPI_OFI,
-    }
+def test_efa_sets_the_provider_fork_safety_and_open_mpis_libfabric_path_and_nothing_else():
+    # Nothing for RDMA read or NCCL's protocol: libfabric and aws-ofi-nccl decide those themselves (efa.py)
+    assert efa_env(EfaProbe(True, "x"), {}) == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1", **OPEN_MPI_OFI}
 
 
 def test_user_values_win():
-    user = {"FI_PROVIDER": "tcp", "FI_EFA_USE_DEVICE_RDMA": "0", "OMPI_MCA_pml": "ob1"}
-    assert efa_env(EfaProbe(True, True, "x"), user) == {"FI_EFA_FORK_SAFE": "1", "OMPI_MCA_mtl": "ofi"}
+    user = {"FI_PROVIDER": "tcp", "OMPI_MCA_pml": "ob1"}
+    assert efa_env(EfaProbe(True, "x"), user) == {"FI_EFA_FORK_SAFE": "1", "OMPI_MCA_mtl": "ofi"}
 
 
 def test_warn_only_where_the_instance_type_is_known_to_have_efa():
-    missing = EfaProbe(False, False, "x")
+    missing = EfaProbe(False, "x")
     assert expected_but_missing(missing, "ml.p4d.24xlarge")
     assert not expected_but_missing(missing, "ml.c5.xlarge")
     assert not expected_but_missing(missing, None)
-    assert not expected_but_missing(EfaProbe(True, True, "x"), "ml.p4d.24xlarge")
+    assert not expected_but_missing(EfaProbe(True, "x"), "ml.p4d.24xlarge")

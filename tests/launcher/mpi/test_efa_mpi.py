@@ -38,7 +38,7 @@ def test_without_efa_debians_open_mpi_never_asks_libfabric():
 
 
 def test_with_the_launchers_efa_variables_open_mpi_takes_libfabric_or_fails():
-    added = efa_env(EfaProbe(present=True, rdma=True, detail="stand-in: no EFA device here"), {})
+    added = efa_env(EfaProbe(present=True, detail="stand-in: no EFA device here"), {})
     result = mpirun_with(added)
     log = result.stdout + result.stderr
     assert "Selected component [ofi]" in log, log[-3000:]
