@@ -20,6 +20,8 @@ usage: $(basename "$0") [options] cpu|gpu
   --build-arg K=V     any other Dockerfile ARG (versions, HOROVOD_BUILD_CUDA_CC_LIST...); repeatable
   --no-cache          rebuild every layer
   -h, --help          this help
+Environment: SMHVD_VENDOR_DIR, a folder of EFA source archives (libfabric-*.tar.gz, aws-ofi-nccl-*.tar.gz) the
+build takes instead of downloading them (default: ../shared/vendor beside the repository, when there)
 The build context is the repository root. Examples:
   $(basename "$0") cpu
   $(basename "$0") --engine podman --extra-ca ./proxy-ca.pem gpu
@@ -73,6 +75,12 @@ fi
 for arg in "${build_args[@]}"; do
   [[ "$arg" == [A-Za-z_]*=* ]] || die "--build-arg '$arg' is not KEY=VALUE"
 done
+# EFA's sources (libfabric, aws-ofi-nccl): the build takes their archives from docker/sources/ when there, else
+# downloads them (docs/images.md, "EFA"). A local folder's archives are copied there: $SMHVD_VENDOR_DIR, else
+# ../shared/vendor beside the repository.
+vendor=${SMHVD_VENDOR_DIR:-}
+[ -n "$vendor" ] || [ ! -d "$repo/../shared/vendor" ] || vendor=$(cd "$repo/../shared/vendor" && pwd)
+[ -z "$vendor" ] || [ -d "$vendor" ] || die "SMHVD_VENDOR_DIR=$vendor: no such directory"
 
 # PEM text of the extra CAs; files are read here so the build context does not need them.
 ca_pem=""
@@ -135,6 +143,16 @@ if [ "$dry_run" = 1 ]; then
   done
   echo "build.sh: dry run: ${shown[*]@Q}" >&2
   exit 0
+fi
+if [ -n "$vendor" ]; then
+  archives=()
+  for f in "$vendor"/libfabric-*.tar.gz "$vendor"/aws-ofi-nccl-*.tar.gz; do
+    [ -f "$f" ] || continue
+    # Copied only when changed: the copy's time stamp would otherwise make the build's COPY look new.
+    cmp -s "$f" "$repo/docker/sources/${f##*/}" || cp "$f" "$repo/docker/sources/"
+    archives+=("${f##*/}")
+  done
+  echo "build.sh: EFA sources from $vendor: ${archives[*]:-none there (the build downloads them)}" >&2
 fi
 echo "build.sh: $engine: building $moving ($immutable); each step's line shows the seconds since the start" >&2
 # shellcheck source=bin/lib/phase.sh

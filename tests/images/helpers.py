@@ -19,6 +19,14 @@ TOOLS = ("buildah", "podman", "skopeo", "runc", "docker-registry", "debootstrap"
 IMAGE_NAME = "localhost/sagemaker-horovod-test"
 
 
+def dockerfile_arg(name: str) -> str:
+    """The default of `ARG NAME=VALUE` in docker/Dockerfile (declared there once: what an image must have)."""
+    text = (REPO / "docker" / "Dockerfile").read_text()
+    values = re.findall(rf"^ARG {re.escape(name)}=(\S+)$", text, re.MULTILINE)
+    assert len(values) == 1, f"docker/Dockerfile declares ARG {name}= {len(values)} times"
+    return values[0]
+
+
 def wait_until(what: str, probe: Callable[[], bool], timeout: float, first_delay: float = 0.05) -> None:
     """Poll `probe` with exponential backoff until true; fail after `timeout` seconds saying what for."""
     deadline = time.monotonic() + timeout
