@@ -19,6 +19,7 @@ from smhvd.mpi.efa import EFA_INSTANCE_TYPES
 
 _VERSION = re.compile(rb"aws-ofi-nccl (\d+\.\d+[\w.]*)")  # the plugin's own start-up line, in its library
 _RTLD_DI_LINKMAP = 2
+_FACT = {"plugin": str, "plugin_version": str, "plugin_error": str, "provider": bool, "efa_devices": int}
 
 
 @dataclass(frozen=True)
@@ -87,15 +88,9 @@ def cell(net: NcclNet) -> str:
 
 
 def from_fact(value: object) -> NcclNet | None:
-    """A probe's report (`dataclasses.asdict` of a NcclNet, through JSON: untrusted) back; None when it is not
-    one."""
-    if not isinstance(value, dict) or set(value) != set(NcclNet.__dataclass_fields__):
+    """A probe's report (`dataclasses.asdict` of a NcclNet, through JSON: untrusted) back; None if not one."""
+    if not isinstance(value, dict) or set(value) != set(_FACT):
         return None
-    if not all(
-        value[k] is None or isinstance(value[k], str) for k in ("plugin", "plugin_version", "plugin_error")
-    ):
+    if not all(type(value[k]) is t or (value[k] is None and t is str) for k, t in _FACT.items()):
         return None
-    devices = value["efa_devices"]
-    if not isinstance(value["provider"], bool) or type(devices) is not int or devices < 0:
-        return None
-    return NcclNet(**value)
+    return NcclNet(**value) if value["efa_devices"] >= 0 else None
