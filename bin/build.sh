@@ -55,6 +55,12 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -n "$flavor" ] || { usage >&2; die "missing the flavor: cpu or gpu"; }
+# EFA's sources (libfabric, aws-ofi-nccl): the build takes their archives from docker/sources/ when there, else
+# downloads them (docs/images.md, "EFA"). A local folder's archives are copied there: $SMHVD_VENDOR_DIR, else
+# ../shared/vendor beside the repository.
+vendor=${SMHVD_VENDOR_DIR:-}
+[ -n "$vendor" ] || [ ! -d "$repo/../shared/vendor" ] || vendor=$(cd "$repo/../shared/vendor" && pwd)
+[ -z "$vendor" ] || [ -d "$vendor" ] || die "SMHVD_VENDOR_DIR=$vendor: no such directory"
 
 # shellcheck source=bin/lib/engine.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/engine.sh"
@@ -75,12 +81,6 @@ fi
 for arg in "${build_args[@]}"; do
   [[ "$arg" == [A-Za-z_]*=* ]] || die "--build-arg '$arg' is not KEY=VALUE"
 done
-# EFA's sources (libfabric, aws-ofi-nccl): the build takes their archives from docker/sources/ when there, else
-# downloads them (docs/images.md, "EFA"). A local folder's archives are copied there: $SMHVD_VENDOR_DIR, else
-# ../shared/vendor beside the repository.
-vendor=${SMHVD_VENDOR_DIR:-}
-[ -n "$vendor" ] || [ ! -d "$repo/../shared/vendor" ] || vendor=$(cd "$repo/../shared/vendor" && pwd)
-[ -z "$vendor" ] || [ -d "$vendor" ] || die "SMHVD_VENDOR_DIR=$vendor: no such directory"
 
 # PEM text of the extra CAs; files are read here so the build context does not need them.
 ca_pem=""

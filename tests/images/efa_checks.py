@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
-from .helpers import BuiltImage, dockerfile_arg, run
+from support.dockerfile import dockerfile_arg
+
+from .helpers import BuiltImage, run
 
 EFA_LIB = "/opt/amazon/efa/lib/"
 # Everything in the image that links libfabric: Open MPI's ofi components and the library they share.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -17,14 +16,6 @@ WORK = REPO / "build" / "images-test"
 EXTRA_CA_DIR = Path("/usr/local/share/ca-certificates")
 TOOLS = ("buildah", "podman", "skopeo", "runc", "docker-registry", "debootstrap", "shellcheck")
 IMAGE_NAME = "localhost/sagemaker-horovod-test"
-
-
-def dockerfile_arg(name: str) -> str:
-    """The default of `ARG NAME=VALUE` in docker/Dockerfile (declared there once: what an image must have)."""
-    text = (REPO / "docker" / "Dockerfile").read_text()
-    values = re.findall(rf"^ARG {re.escape(name)}=(\S+)$", text, re.MULTILINE)
-    assert len(values) == 1, f"docker/Dockerfile declares ARG {name}= {len(values)} times"
-    return values[0]
 
 
 def wait_until(what: str, probe: Callable[[], bool], timeout: float, first_delay: float = 0.05) -> None:

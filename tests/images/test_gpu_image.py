@@ -14,8 +14,10 @@ import time
 
 import pytest
 
+from support.dockerfile import dockerfile_arg
+
 from .efa_checks import assert_one_libfabric_with_efa
-from .helpers import REPO, BuiltImage, build_image, dockerfile_arg, record_timing, run
+from .helpers import REPO, BuiltImage, build_image, record_timing, run
 
 pytestmark = [pytest.mark.images, pytest.mark.integration, pytest.mark.timeout(5400)]
 
