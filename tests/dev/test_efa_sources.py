@@ -31,6 +31,14 @@ def vendor() -> Path:
     return where
 
 
+def bash(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`script` with `args`, this environment plus `env`; its output as text, whatever its exit."""
+    argv = ["bash", str(script), *args]
+    return subprocess.run(
+        argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
 def unpack(archive: Path, dest: Path) -> Path:
     with tarfile.open(archive) as tar:
         tar.extractall(dest, filter="tar")
@@ -42,38 +50,23 @@ def unpack(archive: Path, dest: Path) -> Path:
 def test_the_pinned_tree_hash_is_the_vendored_archives(vendor: Path, tmp_path: Path, name: str, arg: str):
     archive = vendor / f"{name}-{dockerfile_arg(f'{arg}_VERSION')}.tar.gz"
     tree = unpack(archive, tmp_path)
-    got = subprocess.run(
-        ["bash", str(BUILD_EFA), "tree-hash", str(tree)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout.strip()
+    got = bash(BUILD_EFA, "tree-hash", str(tree)).stdout.strip()
     assert got == dockerfile_arg(f"{arg}_TREE_SHA256")
     if name == "aws-ofi-nccl":  # release archives add .release_version; the hash leaves it out
         (tree / ".release_version").unlink()
-        again = subprocess.run(
-            ["bash", str(BUILD_EFA), "tree-hash", str(tree)], capture_output=True, text=True, check=True
-        )
-        assert again.stdout.strip() == got
+        assert bash(BUILD_EFA, "tree-hash", str(tree)).stdout.strip() == got
 
 
 def test_an_archive_that_does_not_hash_to_the_pin_stops_the_build_naming_both(vendor: Path):
     version = dockerfile_arg("LIBFABRIC_VERSION")
-    env = dict(
-        os.environ,
-        LIBFABRIC_VERSION=version,
-        LIBFABRIC_TREE_SHA256="0" * 64,
+    pins = {"LIBFABRIC_VERSION": version, "LIBFABRIC_TREE_SHA256": "0" * 64}
+    proc = bash(
+        BUILD_EFA,
+        "libfabric",
+        str(vendor),
+        **pins,
         LIBFABRIC_URL="https://unused.invalid/",
-        CUDA_HOME="/nonexistent",
-    )
-    proc = subprocess.run(
-        ["bash", str(BUILD_EFA), "libfabric", str(vendor)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        CUDA_HOME="/none",
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
@@ -85,13 +78,5 @@ def test_an_archive_that_does_not_hash_to_the_pin_stops_the_build_naming_both(ve
 
 def test_a_vendor_folder_that_does_not_exist_is_a_one_line_error(tmp_path: Path):
     missing = tmp_path / "nowhere"
-    env = dict(os.environ, SMHVD_VENDOR_DIR=str(missing))
-    proc = subprocess.run(
-        ["bash", str(REPO / "bin" / "build.sh"), "cpu"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = bash(REPO / "bin" / "build.sh", "cpu", SMHVD_VENDOR_DIR=str(missing))
     assert (proc.returncode, proc.stderr) == (2, f"build.sh: SMHVD_VENDOR_DIR={missing}: no such directory\n")
