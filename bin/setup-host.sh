@@ -56,6 +56,19 @@ if [ "$do_apt" = 1 ]; then
   fi
 fi
 
+# The launcher needs Python 3.11 (pyproject.toml). Ubuntu 22.04's python3 is 3.10: take its python3.11.
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  if [ -z "${PYTHON:-}" ] && [ "$do_apt" = 1 ]; then
+    echo "setup: $python is older than 3.11: apt-get install python3.11"
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+      python3.11 python3.11-venv python3.11-dev
+    python=python3.11
+  else
+    echo "setup: $python is older than 3.11, which the launcher needs (set PYTHON to a Python 3.11+)" >&2
+    exit 1
+  fi
+fi
+
 if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating $venv with $python"
   "$python" -m venv "$venv"
