@@ -3,6 +3,7 @@ module they mention is checked here, so that a rename cannot leave a page stale.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 from pathlib import Path
@@ -85,3 +86,53 @@ def test_the_readme_is_a_users_page() -> None:
     assert "## Contents" in text
     for page in (REPO / "docs").glob("*.md"):
         assert f"docs/{page.name}" in text, f"docs/{page.name} is not linked from the README"
+
+
+LAUNCHER = REPO / "src" / "smhvd"
+# `module.name` in the launcher's own text: a module named by its last part (`trust.directory`), its path
+# (`hostenv/client.fetch`) or in full (`smhvd.hostenv.client.fetch`).
+REFERENCE = re.compile(r"(?<![\w./])((?:smhvd\.)?[a-z_]+(?:[./][a-z_]+)*)\.([A-Za-z_]\w*)(?![\w(])")
+NOT_NAMES = frozenset({"py", "json", "txt", "md", "gz", "sock", "pid", "tmp", "log"})  # file suffixes
+
+
+def launcher_modules() -> dict[str, list[Path]]:
+    """Each module of the launcher under its last name, its path and its dotted name."""
+    found: dict[str, list[Path]] = {}
+    for path in LAUNCHER.rglob("*.py"):
+        parts = path.relative_to(LAUNCHER).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        for name in {parts[-1], "/".join(parts), ".".join(("smhvd", *parts))} if parts else ():
+            found.setdefault(name, []).append(path)
+    return found
+
+
+def launcher_text(path: Path) -> list[str]:
+    """The docstrings and comments of one module."""
+    source = path.read_text()
+    docs = [
+        ast.get_docstring(node) or ""
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    ]
+    return docs + [line[line.index("#") :] for line in source.splitlines() if "#" in line]
+
+
+def test_the_launchers_own_text_names_only_what_exists() -> None:
+    """A docstring or comment that names `module.name` (`trust.directory`, `hostenv/client.fetch`) names a
+    function, class, constant or submodule that module has (issue 46: roles/sshd.py named a gone
+    `hostenv_client.ssh_port`)."""
+    modules = launcher_modules()
+    stale = []
+    for path in sorted(LAUNCHER.rglob("*.py")):
+        for text in launcher_text(path):
+            for module, name in REFERENCE.findall(text):
+                if (
+                    module not in modules
+                    or name in NOT_NAMES
+                    or {f"{module}/{name}", f"{module}.{name}"} & set(modules)
+                ):
+                    continue
+                defines = re.compile(rf"^\s*(?:async def|def|class) {name}\b|^\s*{name}\s*[:=]", re.MULTILINE)
+                if not any(defines.search(source.read_text()) for source in modules[module]):
+                    stale.append(f"{path.relative_to(REPO)}: {module}.{name}")
+    assert stale == []

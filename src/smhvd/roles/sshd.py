@@ -1,8 +1,9 @@
 """sshd for worker hosts and the ssh client config the leader uses: generated per run, key-only.
 
 Readiness is the PidFile: sshd writes it only after its listening socket is bound, and `train` waits for it
-on its loop (its creation through inotify, sshd's exit, a deadline). The port (SMHVD_SSH_PORT)
-is read by hostenv_client.ssh_port: a rank reads it too, to find its host's `train`.
+on its loop (its creation through inotify, sshd's exit, a deadline). The port is SMHVD_SSH_PORT
+(env_options.py), which each rank reads too: its worker's `train` serves it from a directory named after the
+port (hostenv_client.rank_directory).
 """
 
 from __future__ import annotations
