@@ -82,7 +82,7 @@ class Loop(Closing):
     def _round(self) -> bool:
         """Fire the due timers, then handle the next events; False once stopped."""
         for timers in list(self._timers):
-            timers.fire_due()
+            timers.fire_due(self.stopped)
             if self._stopped:
                 return False
         for key, _ in self._sel.select(self._timeout()):

@@ -61,13 +61,15 @@ class Timers:
             return None
         return max(0.0, min(when for when, _ in self._due.values()) - self.clock())
 
-    def fire_due(self) -> None:
+    def fire_due(self, stopped: Callable[[], bool] = lambda: False) -> None:
         """Call every callback whose deadline has come, earliest first, each once (it is removed before it
-        runs, so that it may set itself again)."""
+        runs, so that it may set itself again), until one of them stops the loop (`stopped()`)."""
         if not self._due:
             return
         now = self.clock()
         for timer, entry in sorted(self._due.items(), key=lambda item: item[1][0]):
+            if stopped():
+                return
             if entry[0] <= now and self._due.get(timer) is entry:  # not cancelled or set again meanwhile
                 del self._due[timer]
                 entry[1]()

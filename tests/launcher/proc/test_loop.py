@@ -5,6 +5,7 @@ callback stops the loop nothing more is handled."""
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from smhvd.proc.loop import Loop, follow_output, wait_exits
+from smhvd.proc.loop import Loop, Scope, follow_output, wait_exits
 from smhvd.proc.timers import Timer, Timers
 
 # Writes to both streams, leaves a child holding them open (writing nothing), and exits.
@@ -109,6 +110,25 @@ def test_nothing_is_handled_after_stop_and_a_forgotten_file_is_skipped() -> None
     finally:
         for fd in (r1, w1, r2, w2):
             os.close(fd)
+
+
+def test_a_timer_that_stops_the_loop_is_the_last_one_handled_even_among_timers_due_together() -> None:
+    """loop.py says: once stopped, nothing more is handled, due timers neither. Two timers of one scope due in
+    the same round, and two scopes' timers: the first one's stop ends the round (issue 46: the second fired
+    anyway, as Timers.fire_due ran every due callback of its round)."""
+    for shared in (True, False):
+        fired: list[str] = []
+        with Loop() as whole, whole.scope() as first, whole.scope() as second:
+            other = first if shared else second
+
+            def stops(fired: list[str] = fired, first: Scope = first) -> None:
+                fired.append("stops")
+                first.stop()
+
+            first.timers.at(Timer("stops"), 0, stops)
+            other.timers.at(Timer("due too"), 1, functools.partial(fired.append, "due too"))  # already due
+            whole.run()
+        assert fired == ["stops"], shared
 
 
 def open_fds() -> int:
