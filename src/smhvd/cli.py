@@ -16,9 +16,9 @@ from pathlib import Path
 
 from smhvd.config.paths import SageMakerPaths
 from smhvd.env_options import EnvOptions, log_level, read_env_options
-from smhvd.errors import EX_SOFTWARE, EX_USAGE, ConfigError, LauncherError, Stopped
+from smhvd.errors import EX_USAGE, ConfigError, LauncherError, Stopped, exit_for
 from smhvd.proc import keeper
-from smhvd.proc.stopping import PreparationSignals
+from smhvd.proc.signals import PreparationSignals
 from smhvd.report import failure
 
 log = logging.getLogger("smhvd")
@@ -134,14 +134,21 @@ def _launch(paths: SageMakerPaths, level: int | None, *, preflight: bool) -> int
         return _failed(paths, exc)
     except Exception as exc:  # an internal error must still leave a reason for SageMaker
         log.exception("internal error")
-        failure.write_failure(paths.failure_file, failure.compose(f"launcher internal error: {exc!r}"))
-        return EX_SOFTWARE
+        return _failed(paths, exc)
 
 
-def _failed(paths: SageMakerPaths, exc: LauncherError) -> int:
-    log.error("%s", exc)
-    failure.write_failure(paths.failure_file, failure.compose(str(exc)))
-    return exc.exit_code
+def _failed(paths: SageMakerPaths, exc: Exception) -> int:
+    """The error's exit code and reason (errors.exit_for): its first line in the log, all of it (within
+    SageMaker's limit) in the failure file."""
+    code, reason = exit_for(exc)
+    if code == 0:  # the leader ended a pre-flight-only job well before this worker was ready
+        log.info("%s", reason.splitlines()[0] if reason else "job succeeded")
+        return 0
+    head, _, detail = reason.partition("\n")
+    if isinstance(exc, LauncherError):
+        log.error("%s", head)
+    failure.write_failure(paths.failure_file, failure.compose(head, detail))
+    return code
 
 
 def preflight(argv: list[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """The SM_* environment that SageMaker training scripts expect (names of the sagemaker-training toolkit).
 
 Pure functions: the job in, a dict out. `host_env` holds the part that differs between hosts (the names are
-hostenv_client.HOST_KEYS, which a rank reads); each host's launcher computes it for its own ranks
-(roles/hostenv.py), so that every rank sees its own SM_CURRENT_HOST (the stock toolkit gives every rank the
+hostenv/client.HOST_KEYS, which a rank reads); each host's launcher computes it for its own ranks
+(hostenv/server.py), so that every rank sees its own SM_CURRENT_HOST (the stock toolkit gives every rank the
 leader's).
 """
 

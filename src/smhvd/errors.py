@@ -10,7 +10,7 @@ from pathlib import Path
 
 EX_USAGE = 64  # bad command line
 EX_NOINPUT = 66  # training code could not be fetched
-EX_UNAVAILABLE = 69  # a peer host never came up, or the leader was lost mid-job
+EX_UNAVAILABLE = 69  # a peer host never came up, the leader was lost, or a rank has no host environment
 EX_MPI_ABORT = 76  # Open MPI announced an abort (e.g. ranks cannot reach each other) and mpirun hung: ended
 EX_SOFTWARE = 70  # internal error, or the code's requirements.txt failed to install
 EX_CONFIG = 78  # malformed or inconsistent /opt/ml configuration
@@ -67,7 +67,7 @@ class PeerError(LauncherError):
 
 class Stopped(BaseException):
     """A stop (SageMaker's StopTrainingJob: SIGTERM; Ctrl-C; a closed terminal) before the job started: raised
-    by the preparation's signal handler (proc/stopping.py) or by a role's event loop (peers, pre-flight).
+    by the preparation's signal handler (proc/signals.py) or by a role's event loop (peers, pre-flight).
     A BaseException, as KeyboardInterrupt is: no `except Exception` on the way (logging's handlers have one)
     may swallow it, or the stop would be lost. cli.py reports it as a stop (exit 143), not as an error."""
 
@@ -81,15 +81,38 @@ class PreflightFailed(LauncherError):
 
 
 class HostEnvError(LauncherError):
-    """This host's environment for its ranks cannot be served, or (in a rank) cannot be had or trusted."""
+    """`train` cannot hold this host's environment for its ranks (its private directory is taken)."""
 
     exit_code = EX_CANTCREAT
+
+
+class HostEnvUnavailable(LauncherError):
+    """A rank (or the link's relay) cannot have, or must not trust, what its host's `train` holds."""
+
+    exit_code = EX_UNAVAILABLE
+
+
+class Ended(LauncherError):
+    """The job ended before this worker ran it: the leader said why (its exit code and reason), or its link
+    closed. The worker exits with that code and reason."""
+
+    def __init__(self, exit_code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.exit_code = exit_code
 
 
 class WaitTimeout(LauncherError):
     """A bounded wait ran out; the message says what was awaited and the last error seen."""
 
     exit_code = EX_UNAVAILABLE
+
+
+def exit_for(exc: BaseException) -> tuple[int, str]:
+    """`train`'s exit code and failure reason when `exc` ended it: the one place they are decided (cli.py
+    reports them; a leader that ends before the job starts tells its workers the same)."""
+    if isinstance(exc, LauncherError | Stopped):
+        return exc.exit_code, str(exc)
+    return EX_SOFTWARE, f"launcher internal error: {exc!r}"
 
 
 def _short(value: object, limit: int = 80) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from smhvd.config import sdk_v3
@@ -18,13 +18,13 @@ from smhvd.environment import training_env
 from smhvd.errors import Stopped
 from smhvd.mpi import efa
 from smhvd.mpi.command import AWS_CREDENTIAL_NAMES
-from smhvd.mpi.supervisor import supervise
+from smhvd.mpi.supervisor import Alone, supervise
 from smhvd.proc.processes import become_subreaper, kill_descendants
 from smhvd.proc.signals import SignalWatch
-from smhvd.roles.leader import conclude, rank_command, run_leader
-from smhvd.roles.worker import run_worker
+from smhvd.proc.steps import private_tmpdir
+from smhvd.roles.leader import Leader, conclude, rank_command
+from smhvd.roles.worker import Worker
 from smhvd.sourcecode import (
-    Source,
     fetch_source,
     install_requirements,
     program_command,
@@ -95,6 +95,16 @@ def step(what: str) -> Iterator[None]:
         raise Stopped(f"{exc}, during {what} ({time.monotonic() - started:.1f}s in)") from None
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """The job on this host, ready to run: the program's argv, the ranks' environment, where it runs."""
+
+    program: list[str]
+    env: dict[str, str]
+    code_dir: Path
+    name: str  # the script, as the log names it
+
+
 def launch(
     paths: SageMakerPaths,
     *,
@@ -103,8 +113,40 @@ def launch(
 ) -> int:
     """`job_log_level`: how the job's own log level (the SDK's sagemaker_container_log_level) is applied;
     None when `train` was given one (--log-level, SMHVD_LOG_LEVEL), which wins. `preflight_only` (`train
-    preflight`): the pre-flight is the job; no code is fetched and no script runs."""
+    preflight`): the pre-flight is the job; no code is fetched and no script runs.
+
+    The host's role starts first (a leader reaches its workers, a worker runs sshd and waits for the link), so
+    that whatever ends a host while the job is prepared reaches the others at once (roles/)."""
     started_at = time.time()
+    job = _load(paths, job_log_level)
+    become_subreaper()
+    try:  # `finally` ends whatever is left, whatever ended the launch: nothing of the job outlives `train`
+        with private_tmpdir() as run_dir:  # what a train killed outright leaves, the next one removes
+            if not job.options.mpi.enabled and not preflight_only:
+                return _alone(job, _prepare(job, preflight_only))
+            if job.is_leader:
+                with Leader(job, run_dir) as leader:
+                    ready = _prepare(job, preflight_only)
+                    return leader.run(ready.program, ready.env, ready.code_dir, started_at, preflight_only)
+            with Worker(job, run_dir) as worker:
+                ready = _prepare(job, preflight_only)
+                worker.serve(ready.env)
+                if (
+                    not job.runs_mpi_here
+                ):  # outside the distribution instance groups (config/instance_groups.py)
+                    log.info(
+                        "%s is outside the MPI instance groups: running %s once",
+                        job.resources.current_host,
+                        ready.name,
+                    )
+                    worker.run_outside(ready.program, ready.env, ready.code_dir)
+                return worker.wait()
+    finally:
+        kill_descendants()
+
+
+def _load(paths: SageMakerPaths, job_log_level: Callable[[int], object] | None) -> Job:
+    """The job, whichever SDK wrote its files (an SDK v3 job this launcher does not run is handed back)."""
     v3 = sdk_v3.load(paths)  # SDK v3 ModelTrainer(source_code=...): its sm_drivers channel says what to run
     if v3 is not None and v3.unsupported:  # v3's own driver runs it: decided here, before anything else
         log.info("SDK v3 job left to v3's sm_train.sh: %s", v3.unsupported)
@@ -122,16 +164,18 @@ def launch(
         job.hardware.cpus,
         job.hardware.gpus,
     )
-    become_subreaper()
+    return job
+
+
+def _prepare(job: Job, preflight_only: bool) -> Prepared:
+    """The code, its requirements, the ranks' environment and the EFA probe. Every step is a child process
+    (proc/steps.py) or in-process work that a stop interrupts (proc/signals.py). A pre-flight alone needs no
+    code."""
     if preflight_only:
-        try:
-            return _preflight_only(job, started_at)
-        finally:
-            kill_descendants()
-    try:
-        # Every step below is a child process (proc/steps.py) or in-process work that a stop interrupts
-        # (proc/stopping.py); `finally` ends whatever is left, whatever ended the launch.
-        source = resolve_source(job.options.program, paths, os.environ)
+        env = rank_env(job, os.environ, {})
+        program, code_dir, name = [], Path("/"), "the pre-flight"
+    else:
+        source = resolve_source(job.options.program, job.paths, os.environ)
         with step(f"fetching the code from {source.location}"):
             fetch_source(source, job.options.program.region)
         entry = program_path(source)
@@ -143,41 +187,17 @@ def launch(
         program = program_command(entry, source.code_dir) + list(job.script_args)
         module_dir = job.options.program.submit_directory or str(source.code_dir)
         env = rank_env(job, os.environ, training_env(job, source.code_dir, source.program, module_dir))
-        if job.options.mpi.enabled:
-            with step("the EFA probe (fi_info)"):
-                env.update(efa_settings(job, env))
-        prepare_dirs(paths)
-        host = job.resources.current_host
-        return _run_role(job, source, program, env, host, started_at)
-    finally:
-        kill_descendants()  # whatever the role, nothing started by this job outlives `train`
-
-
-def _preflight_only(job: Job, started_at: float) -> int:
-    """Every host as in a job (the leader probes them all, the workers wait for its verdict), no script."""
-    env = rank_env(job, os.environ, {})
-    with step("the EFA probe (fi_info)"):
-        env.update(efa_settings(job, env))
+        code_dir, name = source.code_dir, source.program
+    if job.options.mpi.enabled:
+        with step("the EFA probe (fi_info)"):
+            env.update(efa_settings(job, env))
     prepare_dirs(job.paths)
-    with tempfile.TemporaryDirectory(prefix="smhvd-") as tmp:
-        if job.is_leader:
-            return run_leader(job, [], env, Path(tmp), Path("/"), started_at, preflight_only=True)
-        return run_worker(job, Path(tmp), env)
+    return Prepared(program, env, code_dir, name)
 
 
-def _run_role(
-    job: Job, source: Source, program: list[str], env: dict[str, str], host: str, started_at: float
-) -> int:
-    with tempfile.TemporaryDirectory(prefix="smhvd-") as tmp:
-        run_dir = Path(tmp)
-        if not job.options.mpi.enabled:
-            log.info("MPI disabled: running %s once on %s", source.program, host)
-            with SignalWatch() as watch:
-                outcome = supervise(rank_command(program), env, source.code_dir, watch=watch)
-            return conclude(job, outcome)[0]
-        if job.is_leader:
-            return run_leader(job, program, env, run_dir, source.code_dir, started_at)
-        if not job.runs_mpi_here:  # outside the distribution instance groups (config/instance_groups.py)
-            log.info("%s is outside the MPI instance groups: running %s once", host, source.program)
-            return run_worker(job, run_dir, env, outside=(program, source.code_dir))
-        return run_worker(job, run_dir, env)
+def _alone(job: Job, ready: Prepared) -> int:
+    """MPI disabled: the script once on this host."""
+    log.info("MPI disabled: running %s once on %s", ready.name, job.resources.current_host)
+    with SignalWatch() as watch:
+        result = supervise(rank_command(ready.program), ready.env, ready.code_dir, watch, Alone())
+    return conclude(job, result)[0]

@@ -1,12 +1,12 @@
 """The rank wrapper: `python -m smhvd.rank -- PROGRAM ARGS`, or under mpirun `python -m smhvd.rank` with the
 argv in SMHVD_RANK_ARGV (so that no user value is ever parsed by mpirun); started by mpirun for every rank.
 
-- Takes this host's own environment from its `train` (hostenv_client.py; roles/hostenv.py serves it): the
+- Takes this host's own environment from its `train` (hostenv/client.py; hostenv/server.py serves it): the
   container's variables and its own SM_* values (mpirun forwards the leader's), so each rank sees its own
-  SM_CURRENT_HOST and what SageMaker set in its container. Only the `train` that started this rank may
-  answer. Without it the rank does not start (exit 69, one line naming why).
+  SM_CURRENT_HOST and what SageMaker set in its container. Only the `train` that started this rank is
+  trusted. Without it the rank does not start (exit 69, one line naming why).
 - Passes the program's stdout and stderr on in whole lines, each tagged with its rank and host unless
-  launcher_tag_output is false, lines in progress (progress bars) shown while they run (proc/lines.py). Under
+  launcher_tag_output is false, lines in progress (progress bars) shown while they run (mpi/lines.py). Under
   the launcher it writes them, its start and, when the program fails, the failure with the tail of the
   program's stderr, as frames on its own stderr (wire.py), which the leader reassembles (mpi/output.py): no
   line is cut by another rank's, whatever its size, and nothing waits for mpirun to read.
@@ -29,16 +29,18 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, MutableMapping
 
-from smhvd import hostenv_client, wire
+from smhvd import wire
 from smhvd.env_options import read_env_options
-from smhvd.errors import EX_NOT_STARTED, EX_UNAVAILABLE, EX_USAGE, LauncherError, exit_status
-from smhvd.proc.lines import Lines, Out, tag, write_all
+from smhvd.errors import EX_NOT_STARTED, EX_USAGE, LauncherError, exit_status
+from smhvd.hostenv import client as hostenv_client
+from smhvd.mpi.lines import Lines, Out, tag
 from smhvd.proc.loop import follow_output
 from smhvd.proc.processes import (
     ancestors,
     become_subreaper,
     kill_descendants,
     rank_program_preexec,
+    write_all,
 )
 from smhvd.proc.timers import Timer, Timers
 from smhvd.wire import (
@@ -59,7 +61,7 @@ TAIL_BYTES = 8192
 
 def local_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment for the program on this host: what mpirun forwarded, merged with the environment this
-    host's own `train` serves (its container's variables and its own SM_* values; see roles/hostenv.py).
+    host's own `train` serves (its container's variables and its own SM_* values; see hostenv/server.py).
     Started directly (not by mpirun under `train`): the environment as it is. HostEnvError when the host's
     environment cannot be had: a rank never runs with another host's identity."""
     if not env.get(HOSTENV_SERVED_FROM):
@@ -161,7 +163,7 @@ def run(program: list[str]) -> int:
     try:
         env = local_env(os.environ)
     except LauncherError as exc:  # no host environment: not SM_CURRENT_HOST, that would be the leader's
-        return not_run(str(exc), EX_UNAVAILABLE, _identity(os.environ)[0], socket.gethostname(), sink)
+        return not_run(str(exc), exc.exit_code, _identity(os.environ)[0], socket.gethostname(), sink)
     stop_requested = False
     rank, host = _identity(env)  # this host's own SM_CURRENT_HOST
     try:

@@ -1,4 +1,6 @@
-"""What the launcher's processes tell each other: every format that crosses a process boundary, in one place.
+"""What the launcher's processes tell each other through mpirun and the environment, in one place (the two
+cross-host protocols keep their formats in their own homes: the leader-worker link in link/, a host's
+environment for its ranks in hostenv/):
 
 - the rank wrapper to the leader, in mpirun's stderr: frames (below) that carry its program's stdout and
   stderr, its start (RankStart) and its failure (RankFailure), reassembled by the leader (mpi/output.py;
@@ -7,7 +9,7 @@
   (TAG_OUTPUT), whether to write frames (OUTPUT_CHANNEL) and the directory from which the rank's host serves
   its environment (HOSTENV_SERVED_FROM); the variables set for the job that `train` and its ranks both read
   are env_options.py's;
-- the leader to each worker, over the link (`python -m smhvd.link` over ssh): JSON lines, `ready` first.
+- the leader's pre-flight probe and its findings (PREFLIGHT_*).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ TAG_OUTPUT = "SMHVD_TAG_OUTPUT"
 # launcher's supervisor reads.
 OUTPUT_CHANNEL = "SMHVD_RANK_OUTPUT"
 OUTPUT_FRAMED = "records"
-# Where each host's `train` serves its ranks' environment: the leader's own directory (roles/hostenv.py).
+# Where each host's `train` serves its ranks' environment: the leader's own directory (hostenv/server.py).
 HOSTENV_SERVED_FROM = "SMHVD_HOSTENV"
 
 # The pre-flight (preflight/): the leader gives its probe what to check as JSON in PREFLIGHT_SPEC (forwarded
@@ -60,23 +62,6 @@ HOSTENV_SERVED_FROM = "SMHVD_HOSTENV"
 PREFLIGHT_SPEC = "SMHVD_PREFLIGHT"
 PREFLIGHT_MARK = "smhvd-preflight "
 PREFLIGHT_BEAT = 0.5  # seconds between a probe's beats: a host whose beats stop has stopped answering
-
-# The link.
-READY = b"ready\n"
-HEARTBEAT_INTERVAL = 2.0  # the leader sends {"event": "alive"} this often while the job runs
-SILENCE_LIMIT = 10.0  # a worker whose job started declares the leader lost after this long without a word
-
-
-def encode(event: dict[str, object]) -> bytes:
-    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
-
-
-def decode(line: bytes) -> dict[str, object] | None:
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None
 
 
 def escape(data: bytes) -> bytes:

@@ -22,17 +22,18 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("smhvd.errors", "smhvd.wire", "smhvd.option_spec", "smhvd.env_options"),  # exit codes; what crosses
     # process boundaries; how an option is declared and read, and the launcher's environment variables
-    ("smhvd.proc", "smhvd.hostenv_client"),  # how processes run and are waited for; a rank's side of its
-    # host's environment (low, so that the rank imports neither the roles nor the job's configuration)
+    ("smhvd.proc",),  # how processes run and are waited for: the generic kernel, no policy
+    ("smhvd.hostenv", "smhvd.link"),  # the two cross-host protocols, each in one home: a host's environment
+    # for its ranks (server, client, trust) and the leader-worker link (connect, relay, listen). They reach
+    # nothing above proc/, env_options and wire, so the rank and the relay load neither roles nor config
     ("smhvd.config",),  # what the job is
     ("smhvd.report", "smhvd.environment", "smhvd.sourcecode", "smhvd.s3_download"),  # what the user is told;
     # the script's variables and code
-    ("smhvd.mpi",),  # how mpirun runs (its command, output and supervision)
+    ("smhvd.mpi",),  # how mpirun runs (its command, the ranks' lines, its output and supervision)
     ("smhvd.preflight",),  # every host measured before the job (its probe runs under the job's mpirun)
-    ("smhvd.roles",),  # what this host does
+    ("smhvd.roles",),  # what this host does: leader, worker, sshd
     (
         "smhvd.rank",
-        "smhvd.link",
         "smhvd.runscript",
         "smhvd.launch",
         "smhvd.cli",
@@ -192,7 +193,7 @@ def test_the_message_names_the_upward_import(tmp_path: Path) -> None:
     line = len(job.read_text().splitlines())
     before = upward_imports()  # (empty, unless the test above fails too)
     assert [found for found in upward_imports(tmp_path) if found not in before] == [
-        f"smhvd/config/job.py:{line}: smhvd.config.job (layer 2) imports smhvd.mpi.command (layer 4)"
+        f"smhvd/config/job.py:{line}: smhvd.config.job (layer 3) imports smhvd.mpi.command (layer 5)"
     ]
 
 
@@ -219,7 +220,7 @@ def test_no_module_import_cycle() -> None:
 @pytest.mark.integration  # starts a process
 def test_the_rank_wrapper_loads_neither_the_roles_nor_the_jobs_configuration() -> None:
     """Every rank imports smhvd.rank: what it loads is paid once per rank (issue 37: 26 smhvd modules, 14 of
-    them roles/ and config/, when the rank took its host's environment from roles/hostenv.py)."""
+    them roles/ and config/, when the rank took its host's environment from hostenv/server.py)."""
     loaded = subprocess.run(
         [sys.executable, "-c", "import smhvd.rank, sys; print(*sorted(sys.modules))"],
         capture_output=True,

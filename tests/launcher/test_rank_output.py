@@ -1,4 +1,4 @@
-"""A rank's output on its way to the log: the frames (wire.py), a stream's lines (proc/lines.py) and the
+"""A rank's output on its way to the log: the frames (wire.py), a stream's lines (mpi/lines.py) and the
 leader's reassembly of what mpirun forwards (mpi/output.py), checked against Open MPI 4.1's own forwarding.
 
 `openmpi_forward` does what Open MPI 4.1.4's --tag-output forwarding does with the ranks' stderr pipes (seen
@@ -17,8 +17,8 @@ import pytest
 from smhvd import wire
 from smhvd.config.launcher_options import split_mpi_options
 from smhvd.errors import ConfigError
+from smhvd.mpi.lines import PROGRESS_EVERY, Lines, tag, visible
 from smhvd.mpi.output import FrameReader, StderrFilter
-from smhvd.proc.lines import PROGRESS_EVERY, Lines, tag, visible
 from smhvd.report.failure import compose
 from smhvd.wire import RankFailure, RankStart
 

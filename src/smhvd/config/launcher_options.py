@@ -200,7 +200,7 @@ class LauncherOwnOptions:
         shown_default="off",
         readme="stack dumps of every rank after this long without output",
     )
-    tag_output: bool = option(  # (proc/lines.py)
+    tag_output: bool = option(  # (mpi/lines.py)
         "launcher_tag_output",
         True,
         flag,

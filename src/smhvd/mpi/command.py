@@ -15,7 +15,9 @@ and the stack dumps all follow it.
 from __future__ import annotations
 
 import fnmatch
+import os
 import shlex
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from smhvd.config.launcher_options import MCA_ENV_PREFIX
 from smhvd.config.mpi_defaults import MPI_DEFAULTS, overridden_names
-from smhvd.mpi.hostfile import render_hostfile
+from smhvd.errors import LauncherError
 
 if TYPE_CHECKING:
     from smhvd.config.job import Job
@@ -112,7 +114,8 @@ class MpiPlan:
 
     @property
     def hostfile_text(self) -> str:
-        return render_hostfile(self.hosts, self.slots)
+        """One `host slots=N` line per host, the leader first."""
+        return "".join(f"{host} slots={self.slots}\n" for host in self.hosts)
 
 
 OMPI_RSH_CONCURRENT = 128  # Open MPI's own plm_rsh_num_concurrent
@@ -158,6 +161,16 @@ def plan_for(
         hosts=job.mpi_hosts if multi else LOCAL_HOSTS,
         slots=job.processes_per_host,
     )
+
+
+def require_mpirun(env: Mapping[str, str]) -> None:
+    """LauncherError, one line, when there is no mpirun on the PATH the leader runs it with (`env`'s)."""
+    path = env.get("PATH", os.defpath)
+    if shutil.which("mpirun", path=path) is None:
+        raise LauncherError(
+            f"mpirun not found on PATH ({path}): the leader runs the job with Open MPI's mpirun; install "
+            "it in the image (Debian: openmpi-bin) or put its bin directory on PATH"
+        )
 
 
 def build_mpirun_argv(plan: MpiPlan) -> list[str]:

@@ -20,22 +20,21 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from smhvd.errors import EX_MPI_ABORT, exit_status
+from smhvd.link import HEARTBEAT_INTERVAL
 from smhvd.mpi.output import StderrFilter
-from smhvd.proc.lines import write_all
+from smhvd.proc import processes
 from smhvd.proc.loop import Scope, process_loop
-from smhvd.proc.processes import descendants, die_with_parent, drain_pipe, is_rank_wrapper, signal_pids
+from smhvd.proc.processes import die_with_parent, drain_pipe, signal_pids, terminate_local_ranks, write_all
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.timers import Timer, Timers
-from smhvd.wire import HEARTBEAT_INTERVAL
+from smhvd.report.stacks import STOP_DUMP_WAIT, AfterDump, Dumps
 
 log = logging.getLogger("smhvd")
 ABORT_GRACE = 5.0  # Open MPI said the job aborts -> mpirun gets SIGTERM if still running after this long
 KILL_GRACE = 3.0
-# On a stop, the ranks get SIGTERM once the stack dump has ended, or this long after the stop if it has not
-# (the loop runs meanwhile: output, heartbeats, a second stop).
-STOP_DUMP_WAIT = 8.0
 # After a stop (SageMaker's SIGTERM), ranks that have not ended this long after it are killed, before
 # SageMaker's own SIGKILL at 120 s, so the launcher still reports; a second stop signal kills at once.
 STOP_KILL_AFTER = 100.0
@@ -49,34 +48,39 @@ class Outcome:
     ended_hung_abort: bool = False  # Open MPI announced an abort and mpirun had to be ended by the launcher
 
 
-def local_ranks() -> list[int]:
-    """Rank wrappers started on this host by this launcher (directly, by mpirun or by orted)."""
-    return [pid for pid in descendants() if is_rank_wrapper(pid)]
+class Role(Protocol):
+    """What this host's role does while the command runs."""
+
+    keep: Sequence[int]  # its own children, whose exits it waits for (never reaped here as orphans)
+    dumps: Dumps  # when and how stack dumps of every rank are taken
+
+    def heartbeat(self) -> None:
+        """Every HEARTBEAT_INTERVAL (the leader tells its workers that it is alive)."""
+
+    def stopping(self) -> None:
+        """A stop reached this host's ranks (the leader passes it on to its workers)."""
 
 
-def terminate_local_ranks(why: str, after: str = "") -> None:
-    """SIGTERM to this host's ranks, said in the log (the leader's and every worker's one way)."""
-    ranks = local_ranks()
-    signal_pids(ranks, signal.SIGTERM)
-    log.warning("%s: SIGTERM sent to %d local rank(s)%s", why, len(ranks), after)
+@dataclass
+class Alone:
+    """A script run once on its host, with nobody to tell (MPI disabled)."""
+
+    keep: Sequence[int] = ()
+    dumps: Dumps = field(default_factory=lambda: Dumps(lambda _why: None))
+
+    def heartbeat(self) -> None:
+        pass
+
+    def stopping(self) -> None:
+        pass
 
 
 def supervise(
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    cwd: Path,
-    keep: Sequence[int] = (),
-    watch: SignalWatch | None = None,
-    tick: Callable[[], object] | None = None,
-    tick_interval: float = HEARTBEAT_INTERVAL,
-    dumps: Dumps | None = None,
-    on_stop: Callable[[], object] = lambda: None,
+    argv: Sequence[str], env: Mapping[str, str], cwd: Path, watch: SignalWatch, role: Role
 ) -> Outcome:
-    """Run argv to its end. `tick` (the leader's heartbeat to its workers) is called every tick_interval;
-    `dumps` says when to take stack dumps of every rank (SIGUSR1, a stop, a Horovod stall, silence);
-    `on_stop` runs once a stop request reached the local ranks (the leader passes it on to its workers)."""
+    """Run argv to its end, `role`'s heartbeat every HEARTBEAT_INTERVAL, its stack dumps when due (SIGUSR1, a
+    stop, a Horovod stall, silence), `watch` read for stop signals."""
     output = StderrFilter()
-    dumps = dumps or Dumps(lambda _why: None)
     proc = subprocess.Popen(
         list(argv),
         env=dict(env),
@@ -91,16 +95,13 @@ def supervise(
     assert proc.stderr is not None
     stderr = proc.stderr
     timers = Timers()
-    if tick is not None:
-        timers.every(Timer("heartbeat"), tick_interval, tick)
-    dumps.start(timers)
+    timers.every(Timer("heartbeat"), HEARTBEAT_INTERVAL, role.heartbeat)
+    role.dumps.start(timers)
     with contextlib.ExitStack() as stack:
         stack.callback(stderr.close)
-        if watch is None:
-            watch = stack.enter_context(SignalWatch())
         scope = stack.enter_context(process_loop().scope(timers))
         hung = HungAbort(lambda: proc.poll() is None, proc.terminate, lambda: _kill(proc), timers, scope.stop)
-        stop = Stop(proc, {proc.pid, *keep}, dumps, on_stop, timers, scope)
+        stop = Stop(proc, {proc.pid, *role.keep}, role, timers, scope)
 
         def read() -> None:
             data = os.read(stderr.fileno(), 65536)
@@ -108,7 +109,7 @@ def supervise(
                 scope.stop()
                 return
             _show(output, output.feed(data))
-            dumps.heard(output)
+            role.dumps.heard(output.stall_notice is not None)
             if output.abort_notice is not None:
                 hung.announced(output.abort_notice)
 
@@ -130,58 +131,17 @@ def supervise(
     return Outcome(exit_code=exit_status(code), output=output, stopped=stop.requested)
 
 
-class AfterDump:
-    """Call `then` once, when the stack dump just started has ended (`dumps.finished` readable on the loop),
-    or `wait` seconds after `start` if it has not; `now` calls it at once. The loop runs on meanwhile."""
-
-    def __init__(self, loop: Scope, dumps: Dumps, wait: float, then: Callable[[], object]) -> None:
-        self.loop, self.dumps, self.wait, self.then = loop, dumps, wait, then
-        self.timer = Timer("the wait for a stack dump")
-        self.watched: int | None = None  # the dump's `finished` fd while the loop waits on it
-        self.done = False
-
-    def start(self) -> None:
-        if self.dumps.finished is None:  # `dump` returned when it was done
-            self.now()
-            return
-        self.watched = self.dumps.finished
-        self.loop.reader(self.watched, self.now)
-        self.loop.timers.after(self.timer, self.wait, self.now)
-
-    def now(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        if self.watched is not None:
-            self.loop.timers.cancel(self.timer)
-            self.loop.forget(self.watched)
-            self.watched = None
-        self.then()
-
-
 class Stop:
     """Stop requests while the command runs: the first takes a stack dump, and once it has ended (or
-    STOP_DUMP_WAIT later) the local ranks get SIGTERM and the workers hear of it (`on_stop`); the loop runs
-    on meanwhile. Ranks that have not ended STOP_KILL_AFTER later are killed with mpirun, and a second stop
-    signal kills them at once. SIGUSR1 takes a stack dump."""
+    STOP_DUMP_WAIT later) the local ranks get SIGTERM and the role hears of it (`stopping`: the leader's
+    workers); the loop runs on meanwhile. Ranks that have not ended STOP_KILL_AFTER later are killed with
+    mpirun, and a second stop signal kills them at once. SIGUSR1 takes a stack dump."""
 
     def __init__(
-        self,
-        proc: subprocess.Popen[bytes],
-        keep_pids: set[int],
-        dumps: Dumps,
-        on_stop: Callable[[], object],
-        timers: Timers,
-        loop: Scope,
+        self, proc: subprocess.Popen[bytes], keep_pids: set[int], role: Role, timers: Timers, loop: Scope
     ) -> None:
-        self.proc, self.keep_pids, self.dumps, self.on_stop, self.timers, self.loop = (
-            proc,
-            keep_pids,
-            dumps,
-            on_stop,
-            timers,
-            loop,
-        )
+        self.proc, self.keep_pids, self.role, self.timers, self.loop = proc, keep_pids, role, timers, loop
+        self.dumps = role.dumps
         self.requested = False
         self.kill_timer = Timer("the kill after a stop")
         self.after_dump: AfterDump | None = None
@@ -209,8 +169,8 @@ class Stop:
 
     def _terminate(self, why: str) -> None:
         """SIGTERM to the local ranks, the workers told, the kill timer set."""
-        terminate_local_ranks(why)
-        self.on_stop()
+        log.warning("%s: SIGTERM sent to %d local rank(s)", why, terminate_local_ranks())
+        self.role.stopping()
         self.timers.after(self.kill_timer, STOP_KILL_AFTER, self._late)
 
     def _late(self) -> None:
@@ -247,38 +207,6 @@ def remove_session_dir(pid: int, env: Mapping[str, str]) -> None:
         shutil.rmtree(directory, ignore_errors=True)
         with contextlib.suppress(OSError):
             directory.parent.rmdir()  # only when empty: another job on this host may use it
-
-
-@dataclass
-class Dumps:
-    """When to take stack dumps of every rank (stacks.py), besides SIGUSR1 and a stop: once when Horovod
-    reports a stall, and once per silence when no rank has written anything for `silence` seconds (a timer
-    of the supervisor's loop, set again by every output)."""
-
-    dump: Callable[[str], object]  # starts a dump in the background
-    finished: int | None = None  # readable once the dump last started has ended (None: `dump` returns then)
-    silence: float | None = None  # launcher_hang_dump_seconds
-    stall_dumped: bool = False
-    timers: Timers | None = None
-    silence_timer: Timer = field(default_factory=lambda: Timer("silence"))
-
-    def start(self, timers: Timers) -> None:
-        self.timers = timers
-        self._listen_for_silence()
-
-    def heard(self, output: StderrFilter) -> None:
-        """Some rank wrote: the silence starts again; a stall Horovod reported is dumped once."""
-        self._listen_for_silence()
-        if output.stall_notice is not None and not self.stall_dumped:
-            self.stall_dumped = True
-            self.dump("Horovod reported a stall")
-
-    def _listen_for_silence(self) -> None:
-        if self.silence is not None and self.timers is not None:
-            self.timers.after(self.silence_timer, self.silence, self._silent)
-
-    def _silent(self) -> None:
-        self.dump(f"no output from any rank for {self.silence:g}s")
 
 
 class HungAbort:
@@ -331,4 +259,4 @@ class HungAbort:
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     """mpirun and this host's ranks, at once."""
     proc.kill()
-    signal_pids(local_ranks(), signal.SIGKILL)
+    signal_pids(processes.local_ranks(), signal.SIGKILL)

@@ -9,7 +9,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from smhvd.proc.closing import Closing
+from smhvd.proc.loop import Closing
 
 _IN_CREATE = 0x00000100
 _IN_MOVED_TO = 0x00000080

@@ -5,7 +5,7 @@ waited for in one select.
 Whoever waits on it holds a Scope (`loop.scope(timers)`): what it registers through the scope (files,
 process exits) and its Timers are the loop's until the scope closes, and then nothing of it is left (its
 files forgotten, its pidfds closed, its timers no longer fired). Scopes live side by side: the host
-environment's server (roles/hostenv.py) keeps one open for the whole job and answers ranks whenever a wait of
+environment's server (hostenv/server.py) keeps one open for the whole job and answers ranks whenever a wait of
 the same process (the supervisor's, the pre-flight's, the worker's) runs the loop.
 
 A wait runs the loop until one of its callbacks calls `stop()`. Each round fires the timers that are due,
@@ -25,9 +25,8 @@ import functools
 import os
 import selectors
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Protocol, Self
 
-from smhvd.proc.closing import Closing
 from smhvd.proc.processes import drain_pipe
 from smhvd.proc.timers import Timer, Timers
 
@@ -37,6 +36,20 @@ class HasFileno(Protocol):
 
 
 File = int | HasFileno
+
+
+class Closing:
+    """What holds fds (a loop, a scope on it, an inotify watch) and gives them back when a `with` block that
+    entered it ends (`close()`)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 class Loop(Closing):

@@ -92,6 +92,18 @@ def is_rank_wrapper(pid: int) -> bool:
     return RANK_MODULE in cmdline(pid)[1:4]
 
 
+def local_ranks() -> list[int]:
+    """Rank wrappers started on this host by this launcher (directly, by mpirun or by orted)."""
+    return [pid for pid in descendants() if is_rank_wrapper(pid)]
+
+
+def terminate_local_ranks() -> int:
+    """SIGTERM to this host's ranks (the leader's and every worker's one way to stop them); how many."""
+    ranks = local_ranks()
+    signal_pids(ranks, signal.SIGTERM)
+    return len(ranks)
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -164,6 +176,13 @@ def kill_descendants(root: int | None = None) -> None:
     """SIGKILL every descendant: what is left when a role ends must not outlive it."""
     signal_pids(reversed(descendants(root)), signal.SIGKILL)
     reap_orphans(())
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of `data` to `fd` (a blocking write may take it in parts)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def drain_pipe(fd: int) -> Iterator[bytes]:

@@ -1,17 +1,58 @@
-"""Signals as events: handlers only note the signal; a wakeup fd lets select() loops react at once."""
+"""Signals, in the two ways `train` takes them: before the job starts, a stop raises errors.Stopped wherever
+the preparation is (`PreparationSignals`); once a role runs, they are events on its loop (`SignalWatch`: the
+handlers only note the signal, a wakeup fd makes the loop react at once).
+
+`train` installs PreparationSignals first thing; a role replaces them with its SignalWatch, which puts them
+back when it ends. As PID 1 in a container a signal without a handler is ignored, and outside PID 1 SIGUSR1's
+default action would kill `train` and leave its children running: these handlers are needed either way.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
+from smhvd.errors import Stopped
 from smhvd.proc.processes import reap_orphans
-from smhvd.proc.stopping import STOP_SIGNALS
 
-WATCHED = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1)  # USR1: stack dumps
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SageMaker's stop, Ctrl-C, a closed terminal
+WATCHED = (*STOP_SIGNALS, signal.SIGCHLD, signal.SIGUSR1)  # USR1: stack dumps
+
+
+class PreparationSignals:
+    """Raise Stopped in the main thread on the first stop signal: the preparation step in progress
+    (code download, pip, the EFA probe: steps.py) is ended with its process tree, and the launcher then
+    kills whatever else it started. Later stops while that unwinds are ignored, so they cannot interrupt the
+    cleanup."""
+
+    def __init__(self) -> None:
+        self.stopped_by: int | None = None
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._stop)
+        signal.signal(signal.SIGUSR1, self._dump)
+
+    def _stop(self, signum: int, _frame: object) -> None:
+        if self.stopped_by is not None:
+            return
+        self.stopped_by = signum
+        raise Stopped(f"stopped by {signal.Signals(signum).name} before the job started")
+
+    @staticmethod
+    def _dump(_signum: int, _frame: object) -> None:
+        # One write, not the logging module: a stop that arrives while this runs must not land in a logging
+        # handler's `except` (see errors.Stopped).
+        line = (
+            f"[smhvd {time.strftime('%H:%M:%S')}] INFO SIGUSR1: no rank is running yet (the job is being "
+            "prepared): no stack dump to take\n"
+        )
+        os.write(2, line.encode())
 
 
 @dataclass(frozen=True)
@@ -53,7 +94,7 @@ class SignalWatch:
 
     def stop_requested(self) -> bool:
         """Whether a stop signal arrived (for waits that cannot select on fileno(), e.g. polling loops)."""
-        return any(is_stop(sig) for sig in self.drain())
+        return any(sig in STOP_SIGNALS for sig in self.drain())
 
     def receive(self, keep_pids: Iterable[int]) -> Received:
         """The signals since the last call, as events; on SIGCHLD the zombies of re-parented orphans are
@@ -61,7 +102,7 @@ class SignalWatch:
         received = self.drain()
         if signal.SIGCHLD in received:
             reap_orphans(keep_pids)
-        stops = [sig for sig in received if is_stop(sig)]
+        stops = [sig for sig in received if sig in STOP_SIGNALS]
         return Received(
             stop=stops[0] if stops else None,
             dump=signal.SIGUSR1 in received,
@@ -78,7 +119,3 @@ class SignalWatch:
             if not data:
                 return received
             received += list(data)
-
-
-def is_stop(sig: int) -> bool:
-    return sig in STOP_SIGNALS

@@ -6,7 +6,7 @@ job's log as it comes. However the wait ends, nothing the step started is left r
 
 - the step exits: whatever it left behind (a helper holding its output, a daemon) is killed;
 - its deadline passes, or an exception reaches the wait (a stop: until a role takes over the signals,
-  stopping.py turns SIGTERM into errors.Stopped, raised wherever the launcher is): the step's process group
+  signals.py turns SIGTERM into errors.Stopped, raised wherever the launcher is): the step's process group
   and every process started since the step began get SIGTERM, and SIGKILL STOP_GRACE seconds later if any
   is still alive.
 

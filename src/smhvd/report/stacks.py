@@ -4,8 +4,10 @@
 (`py-spy dump --pid`, in parallel, each bounded), writes `OUT_DIR/stacks/<host>-rank<N>.txt`, and prints one
 JSON line per rank:
 `{"rank": N, "host": H, "where": "allreduce (horovod/tensorflow/mpi_ops.py:NN)", "file": ...}`. The leader
-runs it locally and on every other MPI host over the job's ssh configuration, then puts one line first in
-the log (and, when the job then fails or is stopped, in the failure file): which ranks sit where.
+runs it on its own host and on every other MPI host over the job's ssh configuration (a worker on its own),
+each a process of its own: py-spy's exit codes are read there, never taken by `train`'s reaping of orphans.
+Then one line goes first in the log (and, when the job then fails or is stopped, in the failure file): which
+ranks sit where. `Dumps` says when to take one, `AfterDump` what to do once it is taken.
 
 Ranks are found from /proc: the children of the rank wrappers (`-m smhvd.rank`) whose own SM_CURRENT_HOST is
 this host. A dump only reads the process (process_vm_readv); it never stops or signals it, so a healthy job
@@ -23,19 +25,26 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from smhvd.link.connect import ssh_command
+from smhvd.proc.loop import Scope
 from smhvd.proc.processes import is_rank_wrapper, read_process_table
-from smhvd.proc.ssh import ssh_command
+from smhvd.proc.timers import Timer, Timers
 
 DUMP_TIMEOUT = 20.0  # one py-spy dump
-REMOTE_TIMEOUT = DUMP_TIMEOUT + 15.0  # another host's dumps: ssh connect + its parallel dumps
+# On a stop, the ranks get SIGTERM once the stack dump has ended, or this long after the stop if it has not
+# (the loop runs meanwhile: output, heartbeats, a second stop).
+STOP_DUMP_WAIT = 8.0
+REMOTE_TIMEOUT = DUMP_TIMEOUT + 15.0  # a host's dumps: its process's start (and ssh) + its parallel dumps
 log = logging.getLogger("smhvd")
 _FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
 _HOROVOD_FILE = re.compile(r"(^|/)horovod/")
@@ -133,14 +142,16 @@ def dump_file_name(host: str, rank: int | None) -> str:
     return safe + suffix
 
 
-def dump_host(host: str, out_dir: Path, ranks: Sequence[RankProcess] | None = None) -> list[RankDump]:
-    """Dump this host's ranks in parallel; each dump is bounded, so the whole is too."""
+def dump_host(host: str, out_dir: Path, ranks: Sequence[RankProcess] | None = None) -> Iterator[RankDump]:
+    """Dump this host's ranks in parallel, each as it is done; each dump is bounded, so the whole is too."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     todo = list(find_ranks(host, out_dir) if ranks is None else ranks)
     if not todo:
-        return []
+        return
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
-        return list(pool.map(lambda r: dump_one(r, host, out_dir, py_spy), todo))
+        done = [pool.submit(dump_one, rank, host, out_dir, py_spy) for rank in todo]
+        for future in concurrent.futures.as_completed(done):
+            yield future.result()
 
 
 def summary_line(dumps: Iterable[RankDump], reason: str) -> str:
@@ -232,23 +243,31 @@ class StackDumper:
 
     def dump(self, reason: str) -> str:
         log.warning("taking a stack dump of %s (%s)", self.whose, reason)
-        remote = [
+        here = [sys.executable, "-m", __name__, self.host, str(self.out_dir)]
+        commands = [here] + [
+            ssh_command(self.ssh_config, host, [sys.executable, "-m", __name__, host, str(self.out_dir)])
+            for host in self.others
+            if self.ssh_config is not None
+        ]
+        running = [
             subprocess.Popen(
-                ssh_command(self.ssh_config, host, [sys.executable, "-m", __name__, host, str(self.out_dir)]),
+                argv,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 stdin=subprocess.DEVNULL,
                 text=True,
+                start_new_session=True,  # its py-spys with it, when it is ended
             )
-            for host in self.others
-            if self.ssh_config is not None
+            for argv in commands
         ]
-        dumps = dump_host(self.host, self.out_dir)
-        for proc in remote:
+        dumps = []
+        deadline = time.monotonic() + REMOTE_TIMEOUT
+        for proc in running:
             try:
-                out, _ = proc.communicate(timeout=REMOTE_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                out, _ = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # what it said of the ranks it dumped is kept
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 out, _ = proc.communicate()
             dumps += parse_dumps(out.splitlines())
         line = summary_line(dumps, reason)
@@ -257,6 +276,67 @@ class StackDumper:
             f.write(line + "\n")
         self.last_line = line
         return line
+
+
+class AfterDump:
+    """Call `then` once, when the stack dump just started has ended (`dumps.finished` readable on the loop),
+    or `wait` seconds after `start` if it has not; `now` calls it at once. The loop runs on meanwhile."""
+
+    def __init__(self, loop: Scope, dumps: Dumps, wait: float, then: Callable[[], object]) -> None:
+        self.loop, self.dumps, self.wait, self.then = loop, dumps, wait, then
+        self.timer = Timer("the wait for a stack dump")
+        self.watched: int | None = None  # the dump's `finished` fd while the loop waits on it
+        self.done = False
+
+    def start(self) -> None:
+        if self.dumps.finished is None:  # `dump` returned when it was done
+            self.now()
+            return
+        self.watched = self.dumps.finished
+        self.loop.reader(self.watched, self.now)
+        self.loop.timers.after(self.timer, self.wait, self.now)
+
+    def now(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.watched is not None:
+            self.loop.timers.cancel(self.timer)
+            self.loop.forget(self.watched)
+            self.watched = None
+        self.then()
+
+
+@dataclass
+class Dumps:
+    """When to take stack dumps of every rank, besides SIGUSR1 and a stop: once when Horovod
+    reports a stall, and once per silence when no rank has written anything for `silence` seconds (a timer
+    of the supervisor's loop, set again by every output)."""
+
+    dump: Callable[[str], object]  # starts a dump in the background
+    finished: int | None = None  # readable once the dump last started has ended (None: `dump` returns then)
+    silence: float | None = None  # launcher_hang_dump_seconds
+    stall_dumped: bool = False
+    timers: Timers | None = None
+    silence_timer: Timer = field(default_factory=lambda: Timer("silence"))
+
+    def start(self, timers: Timers) -> None:
+        self.timers = timers
+        self._listen_for_silence()
+
+    def heard(self, stalled: bool) -> None:
+        """Some rank wrote: the silence starts again; a stall Horovod reported (`stalled`) is dumped once."""
+        self._listen_for_silence()
+        if stalled and not self.stall_dumped:
+            self.stall_dumped = True
+            self.dump("Horovod reported a stall")
+
+    def _listen_for_silence(self) -> None:
+        if self.silence is not None and self.timers is not None:
+            self.timers.after(self.silence_timer, self.silence, self._silent)
+
+    def _silent(self) -> None:
+        self.dump(f"no output from any rank for {self.silence:g}s")
 
 
 def main(argv: list[str] | None = None) -> int:

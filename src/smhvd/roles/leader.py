@@ -1,10 +1,18 @@
-"""The leader (Job.leader: the first of the sorted MPI hosts): hostfile, reach the workers, run mpirun,
-report, tell the workers."""
+"""The leader (Job.leader: the first of the sorted MPI hosts): reach the workers, the pre-flight, mpirun,
+report, tell the workers.
+
+Its life is a `State` (PREPARING -> LINKING -> CHECKING -> RUNNING -> STOPPING -> ENDED, `NEXT`); what ends
+it is read from the state. Before RUNNING, whatever ends the leader (an error, a stop, the pre-flight under
+`fail`, mpirun missing) becomes an `end` with the leader's exit code and reason (errors.exit_for: what cli.py
+reports too) for every worker it reached, which exit at once; the workers are reached from the leader's
+start, while the job is prepared (link/connect.py), and those not reached yet are given FAREWELL_WAIT to come
+up. From RUNNING, mpirun's end is the job's, and every worker hears it.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import enum
 import json
 import logging
 import os
@@ -12,25 +20,48 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
 
 from smhvd.config.job import Job
 from smhvd.env_options import read_env_options
-from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, Stopped
-from smhvd.mpi.command import SSH_CONFIG, MpiPlan, build_mpirun_argv, display, plan_for
+from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, Stopped, exit_for
+from smhvd.hostenv import server
+from smhvd.link import ALIVE, END, START, STOP, Event
+from smhvd.link.connect import Linking
+from smhvd.mpi.command import SSH_CONFIG, MpiPlan, build_mpirun_argv, display, plan_for, require_mpirun
 from smhvd.mpi.output import parse_mpirun_verdict
-from smhvd.mpi.supervisor import STOP_DUMP_WAIT, Dumps, Outcome, supervise
+from smhvd.mpi.supervisor import Outcome, supervise
 from smhvd.preflight.check import run_preflight
 from smhvd.preflight.verdict import Verdict
 from smhvd.proc.signals import SignalWatch
 from smhvd.report import failure, summary
-from smhvd.report.stacks import StackDumper
-from smhvd.roles import hostenv
-from smhvd.roles.peers import WorkerLink, close_all, connect_all
+from smhvd.report.stacks import STOP_DUMP_WAIT, Dumps, StackDumper
 from smhvd.roles.sshd import render_ssh_config
 from smhvd.wire import HOSTENV_SERVED_FROM, RANK_ARGV, RankFailure
 
 log = logging.getLogger("smhvd")
 DUMP_LINE_LIMIT = 400  # of the failure file's 1024 characters, at most this much for a stack dump's summary
+FAREWELL_WAIT = 30.0  # a leader that ends before the start tells the workers that come up within this long
+
+
+class State(enum.Enum):
+    PREPARING = "preparing the job (the workers are reached meanwhile)"
+    LINKING = "waiting for the workers"
+    CHECKING = "the pre-flight"
+    RUNNING = "the job runs"
+    STOPPING = "stopped: the ranks are ending"
+    ENDED = "ended"
+
+
+NEXT = {
+    State.PREPARING: (State.LINKING,),
+    State.LINKING: (State.CHECKING, State.RUNNING, State.ENDED),
+    State.CHECKING: (State.RUNNING, State.ENDED),
+    State.RUNNING: (State.STOPPING, State.ENDED),
+    State.STOPPING: (State.ENDED,),
+    State.ENDED: (),
+}
+BEFORE_START = (State.PREPARING, State.LINKING, State.CHECKING)
 
 
 def rank_command(program: Sequence[str]) -> list[str]:
@@ -90,12 +121,6 @@ def conclude(job: Job, outcome: Outcome, dump_line: str | None = None) -> tuple[
     return outcome.exit_code, reason
 
 
-def tell_all(links: Sequence[WorkerLink], event: dict[str, object]) -> None:
-    """One event to every worker's link (a link that broke is the worker's problem: it exits on its own)."""
-    for worker in links:
-        worker.send(event)
-
-
 def preflight_stop(job: Job, verdict: Verdict | None, only: bool) -> str | None:
     """The failure reason when the pre-flight stops the job (policy fail, or a pre-flight-only run): the first
     named host and its reason on the first line. Pure."""
@@ -106,98 +131,124 @@ def preflight_stop(job: Job, verdict: Verdict | None, only: bool) -> str | None:
     return failure.compose(f"pre-flight named {first.host}: {first.reason}", more.strip())
 
 
-def run_leader(
-    job: Job,
-    program: Sequence[str],
-    env: Mapping[str, str],
-    run_dir: Path,
-    code_dir: Path,
-    started_at: float | None = None,
-    *,
-    preflight_only: bool = False,
-) -> int:
-    """Run the job from the leader; `started_at` (time.time() when `train` started) dates the summary.
-    `preflight_only`: the pre-flight is the job (`train preflight`)."""
-    started_at = time.time() if started_at is None else started_at
-    host_env = dict(env)  # this host's ranks' own environment, served to them (roles/hostenv.py)
-    hostenv.reclaim_leaders_leftovers()  # what trains killed by SIGKILL left behind
-    served_from = hostenv.leader_directory()
-    command, env = mpirun_rank_command(program, {**env, HOSTENV_SERVED_FROM: str(served_from)})
-    plan = plan_for(job, command, env, run_dir, code_dir)
-    plan.hostfile.write_text(plan.hostfile_text)
-    links: list[WorkerLink] = []
-    verdict: Verdict | None = None
-    outcome: Outcome | None = None
-    dump_line: str | None = None
-    with SignalWatch() as watch, hostenv.serving(served_from, host_env):
-        if job.multi_host:
+class Leader:
+    """The leader's life (the module's docstring). A context manager: from its start it reaches the workers
+    (several hosts); its end tells them why the job ended before it started, if it did, and hangs up."""
+
+    def __init__(self, job: Job, run_dir: Path) -> None:
+        self.job, self.run_dir = job, run_dir
+        self.state = State.PREPARING
+        self.linking: Linking | None = None
+        self.keep: Sequence[int] = ()  # supervise's Role: the link sessions are this leader's to reap
+        self.dumps = Dumps(lambda _why: None)
+        self.told: dict[str, bool] = {}  # whom the job's end reached
+
+    def __enter__(self) -> Leader:
+        if self.job.multi_host:
             port = read_env_options(os.environ).ssh_port
-            ssh_config = run_dir / SSH_CONFIG  # the links' and (several MPI hosts) orted's: plan.ssh_config
-            ssh_config.write_text(render_ssh_config(port, control_dir=run_dir))
-            log.info(
-                "waiting for workers %s (up to %gs)",
-                ", ".join(job.peers),
-                job.options.launcher.peer_timeout,
-            )
-            links = connect_all(
-                job.peers,
-                ssh_config,
-                port,
-                job.options.launcher.peer_timeout,
-                watch,
-            )
-        if preflight_only or job.options.preflight.policy != "off":
-            try:
-                verdict = run_preflight(job, plan, env, run_dir, watch)
-            except Stopped as exc:
-                tell_all(links, {"event": "end", "exit_code": exc.exit_code, "reason": str(exc)})
-                close_all(links)
-                raise
-        stop_reason = preflight_stop(job, verdict, preflight_only)
-        if stop_reason is None and not preflight_only:
-            tell_all(links, {"event": "start"})
-            outcome, dump_line = _run_mpirun(job, plan, env, code_dir, links, watch)
-    if outcome is not None:
-        code, reason = conclude(job, outcome, dump_line)
-    elif stop_reason is not None:
-        code, reason = EX_TEMPFAIL, stop_reason
-        failure.write_failure(job.paths.failure_file, reason)
-        log.error("job stopped before the script (exit %d): %s", code, reason.splitlines()[0])
-    else:
-        code, reason = 0, ""
-    told = {w.host: w.send({"event": "end", "exit_code": code, "reason": reason}) for w in links}
-    close_all(links)
-    report(job, plan, outcome, code, reason, started_at, told, verdict)
-    return code
+            ssh_config = self.run_dir / SSH_CONFIG  # the links' and (several MPI hosts) orted's
+            ssh_config.write_text(render_ssh_config(port, control_dir=self.run_dir))
+            timeout = self.job.options.launcher.peer_timeout
+            log.info("reaching workers %s (up to %gs)", ", ".join(self.job.peers), timeout)
+            self.linking = Linking(self.job.peers, ssh_config, port, timeout).__enter__()
+        return self
 
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if exc is not None and self.state is not State.ENDED:
+                code, reason = exit_for(exc)
+                self.end(code, reason, wait=0.0 if isinstance(exc, Stopped) else FAREWELL_WAIT)
+        finally:
+            if self.linking is not None:
+                self.linking.close()
 
-def _run_mpirun(
-    job: Job,
-    plan: MpiPlan,
-    env: Mapping[str, str],
-    code_dir: Path,
-    links: Sequence[WorkerLink],
-    watch: SignalWatch,
-) -> tuple[Outcome, str | None]:
-    """The job's mpirun to its end; the outcome, and the summary line of a stack dump if one was taken."""
-    argv = build_mpirun_argv(plan)
-    log.info("starting %d processes: %s", plan.num_processes, display(argv))
-    stacks = StackDumper(
-        job.resources.current_host, job.paths.output_data_dir, plan.hosts[1:], plan.ssh_config
-    )
-    outcome = supervise(
-        argv,
-        env,
-        code_dir,
-        keep=[w.proc.pid for w in links],
-        watch=watch,
-        tick=functools.partial(tell_all, links, {"event": "alive"}) if links else None,
-        dumps=Dumps(stacks.start, stacks.finished, job.options.launcher.hang_dump_seconds),
-        # A stop that reached only the leader (a user's stop, Ctrl-C) stops every host's ranks.
-        on_stop=functools.partial(tell_all, links, {"event": "stop"}),
-    )
-    stacks.finish(STOP_DUMP_WAIT)
-    return outcome, stacks.last_line
+    def _to(self, state: State) -> None:
+        if state not in NEXT[self.state]:
+            raise AssertionError(f"the leader cannot go from {self.state.name} to {state.name}")
+        log.debug("leader: %s -> %s", self.state.name, state.name)
+        self.state = state
+
+    def end(self, code: int, reason: str, wait: float = FAREWELL_WAIT) -> None:
+        """The job's end to every worker: before the start, to each one reached (and those reached within
+        `wait`); then ENDED."""
+        event = Event(END, code, reason)
+        if self.linking is not None and self.state in BEFORE_START:
+            self.told = self.linking.end(event, wait)
+        elif self.linking is not None:
+            self.told = self.linking.tell(event)
+        self.state = State.ENDED
+
+    def heartbeat(self) -> None:
+        if self.linking is not None:
+            self.linking.tell(Event(ALIVE))
+
+    def stopping(self) -> None:
+        """A stop that reached only the leader (a user's stop, Ctrl-C) stops every host's ranks."""
+        self._to(State.STOPPING)
+        if self.linking is not None:
+            self.linking.tell(Event(STOP))
+
+    def run(
+        self,
+        program: Sequence[str],
+        env: Mapping[str, str],
+        code_dir: Path,
+        started_at: float,
+        preflight_only: bool = False,
+    ) -> int:
+        """The job from here, once prepared; its exit code. `started_at`: time.time() when `train` started
+        (dates the summary). `preflight_only`: the pre-flight is the job (`train preflight`)."""
+        self._to(State.LINKING)
+        job = self.job
+        host_env = dict(env)  # this host's ranks' own environment, held for them (hostenv/server.py)
+        server.reclaim_leaders_leftovers()  # what trains killed by SIGKILL left behind
+        served_from = server.leader_directory()
+        command, env = mpirun_rank_command(program, {**env, HOSTENV_SERVED_FROM: str(served_from)})
+        plan = plan_for(job, command, env, self.run_dir, code_dir)
+        require_mpirun(env)
+        plan.hostfile.write_text(plan.hostfile_text)
+        verdict: Verdict | None = None
+        result: Outcome | None = None
+        with SignalWatch() as watch, server.claimed(served_from), server.serving(served_from, host_env):
+            if self.linking is not None:
+                self.keep = [link.proc.pid for link in self.linking.wait(watch)]
+            if preflight_only or job.options.preflight.policy != "off":
+                self._to(State.CHECKING)
+                verdict = run_preflight(job, plan, env, self.run_dir, watch)
+            stop_reason = preflight_stop(job, verdict, preflight_only)
+            if stop_reason is None and not preflight_only:
+                self._to(State.RUNNING)
+                if self.linking is not None:
+                    self.linking.running()
+                    self.linking.tell(Event(START))
+                result, dump_line = self._run_mpirun(plan, env, code_dir, watch)
+        if result is not None:
+            code, reason = conclude(job, result, dump_line)
+        elif stop_reason is not None:
+            code, reason = EX_TEMPFAIL, stop_reason
+            failure.write_failure(job.paths.failure_file, reason)
+            log.error("job stopped before the script (exit %d): %s", code, reason.splitlines()[0])
+        else:
+            code, reason = 0, ""
+        self.end(code, reason)
+        report(job, plan, result, code, reason, started_at, self.told, verdict)
+        return code
+
+    def _run_mpirun(
+        self, plan: MpiPlan, env: Mapping[str, str], code_dir: Path, watch: SignalWatch
+    ) -> tuple[Outcome, str | None]:
+        """The job's mpirun to its end; the outcome, and the summary line of a stack dump if one was taken."""
+        argv = build_mpirun_argv(plan)
+        log.info("starting %d processes: %s", plan.num_processes, display(argv))
+        stacks = StackDumper(
+            self.job.resources.current_host, self.job.paths.output_data_dir, plan.hosts[1:], plan.ssh_config
+        )
+        self.dumps = Dumps(stacks.start, stacks.finished, self.job.options.launcher.hang_dump_seconds)
+        result = supervise(argv, env, code_dir, watch, self)
+        stacks.finish(STOP_DUMP_WAIT)
+        return result, stacks.last_line
 
 
 def report(

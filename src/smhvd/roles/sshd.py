@@ -3,7 +3,7 @@
 Readiness is the PidFile: sshd writes it only after its listening socket is bound, and `train` waits for it
 on its loop (its creation through inotify, sshd's exit, a deadline). The port is SMHVD_SSH_PORT
 (env_options.py), which each rank reads too: its worker's `train` serves it from a directory named after the
-port (hostenv_client.rank_directory).
+port (hostenv/client.rank_directory).
 """
 
 from __future__ import annotations

@@ -1,38 +1,49 @@
-"""A worker (every host but the leader): run sshd, wait for the leader's link, exit when the job ends.
+"""A worker (every host but the leader): sshd and the leader's link from `train`'s start, then the job's end.
 
-The wait before the job starts is bounded (launcher_leader_timeout_seconds); once it started, the worker
-waits for the leader's `end` event and exits with the job's exit code within milliseconds, or at once with
-EX_UNAVAILABLE when the link closes without one (the leader died).
+Its life is a `State` (WAITING -> LINKED -> RUNNING -> STOPPING, `NEXT`), and what each happening means is
+read from it, in one place (`Worker`):
+- the leader's `linked`: WAITING -> LINKED; `start`: LINKED -> RUNNING; `end`: the worker exits with the
+  leader's code and reason (before the start: "the leader ... ended the job before it started: ...");
+- its link closes: WAITING, an attempt the leader gave up (the wait goes on); LINKED, the leader ended
+  before the start: exit 69 at once; RUNNING, the leader was lost: exit 69; STOPPING: exit 143;
+- a stop signal: before the start, exit 143; RUNNING, a stack dump, then SIGTERM to this host's ranks, and
+  STOPPING (the verdict still comes from the leader);
+- deadlines: before the start, launcher_leader_timeout_seconds from `train`'s start (69); RUNNING,
+  SILENCE_LIMIT without a word (69); STOPPING, STOP_GRACE (143).
+
+The link's events are handled from `__enter__` on, whoever runs the process's loop: during the preparation
+(code, pip, the EFA probe) an end raises errors.Ended (or PeerError) through that step; `wait` then runs the
+loop itself until the job's verdict.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import logging
 import os
 import signal
-import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
 
-from smhvd import wire
 from smhvd.config.job import Job
 from smhvd.config.launcher_options import LauncherOwnOptions
 from smhvd.env_options import read_env_options
-from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, HostEnvError, PeerError, exit_status
-from smhvd.mpi.supervisor import STOP_DUMP_WAIT, AfterDump, Dumps, terminate_local_ranks
+from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, Ended, PeerError, exit_status
+from smhvd.hostenv import server
+from smhvd.hostenv.trust import directory
+from smhvd.link import END, LINKED, SILENCE_LIMIT, START, STOP, Event
+from smhvd.link.listen import Connection, Listener, listening
 from smhvd.option_spec import key_of
-from smhvd.proc.loop import Scope, process_loop
-from smhvd.proc.processes import die_with_parent, kill_descendants
+from smhvd.proc.loop import process_loop, wait_exits
+from smhvd.proc.processes import die_with_parent, terminate_local_ranks
 from smhvd.proc.signals import SignalWatch
-from smhvd.proc.timers import Timer, Timers
-from smhvd.proc.trust import LINK_SOCKET, directory, peer_credentials
-from smhvd.report import failure, stacks
-from smhvd.roles import hostenv
+from smhvd.proc.timers import Timer
+from smhvd.report import failure
+from smhvd.report.stacks import STOP_DUMP_WAIT, AfterDump, Dumps, StackDumper
 from smhvd.roles.sshd import start_sshd
 
 log = logging.getLogger("smhvd")
@@ -40,179 +51,20 @@ OUTSIDE_STOP_GRACE = 10.0  # a script outside MPI gets SIGTERM when the job ends
 STOP_GRACE = 110.0  # after SIGTERM, how long to wait for the leader's verdict (SageMaker kills at 120 s)
 
 
-@dataclass(frozen=True)
-class Verdict:
-    exit_code: int
-    reason: str
+class State(enum.Enum):
+    WAITING = "waiting for the leader"
+    LINKED = "linked to the leader, waiting for the job's start"
+    RUNNING = "the job runs"
+    STOPPING = "stopped, waiting for the leader's verdict"
 
 
-@contextlib.contextmanager
-def listening(place: Path) -> Iterator[socket.socket]:
-    """The link socket the leader's relay connects to, in this `train`'s private directory (claimed by
-    hostenv.serving: another user cannot reach it, and a second `train` for the port is refused there)."""
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    path = place / LINK_SOCKET
-    try:
-        try:
-            server.bind(str(path))
-        except OSError as exc:
-            raise HostEnvError(f"cannot wait for the leader: {path}: {exc.strerror}") from None
-        server.listen(16)
-        server.setblocking(False)
-        yield server
-    finally:
-        server.close()
-        path.unlink(missing_ok=True)
-
-
-class LinkWaiter:
-    """Accepts the leader's link(s) and turns their lines into a Verdict."""
-
-    def __init__(
-        self,
-        server: socket.socket,
-        leader: str,
-        start_timeout: float,
-        watch: SignalWatch,
-        silence_limit: float = wire.SILENCE_LIMIT,
-        on_child: Callable[[], Verdict | None] | None = None,
-        dumps: Dumps | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.server = server
-        self.leader = leader
-        self.start_timeout = start_timeout
-        self.watch = watch
-        self.silence_limit = silence_limit
-        self.on_child = on_child  # called on SIGCHLD; a Verdict ends the wait (a script outside MPI failed)
-        # Stack dumps of this host's ranks (SIGUSR1, and before a stop), in the background.
-        self.dumps = dumps or Dumps(lambda _why: None)
-        self.started = False
-        self.stopping = False
-        self.buffers: dict[socket.socket, bytes] = {}
-        # One deadline at a time, each a timer of the loop: the job's start (start_timeout), then the
-        # leader's silence (set again by every word from it), and after a stop the grace for its verdict.
-        self.timers = Timers(clock)
-        self.start_timer = Timer("the job's start")
-        self.silence_timer = Timer("the leader's silence")
-        self.stop_grace_timer = Timer("the grace for the leader's verdict")
-        self.verdict: Verdict | None = None
-        self.loop: Scope  # what `wait` watches on this process's loop, while it runs
-
-    def wait(self, keep: list[int]) -> Verdict:
-        self.timers.after(self.start_timer, self.start_timeout, self._not_started)
-        self.loop = process_loop().scope(self.timers)
-        with self.loop as loop:
-            loop.reader(self.server, self._accept)
-            loop.reader(self.watch, functools.partial(self._signals, keep))
-            loop.run()
-        assert self.verdict is not None
-        return self.verdict
-
-    def _decide(self, verdict: Verdict | None) -> None:
-        """The wait ends with `verdict` (None: it goes on)."""
-        if verdict is not None:
-            self.verdict = verdict
-            self.loop.stop()
-
-    def _not_started(self) -> None:
-        raise PeerError(
-            f"the leader {self.leader} did not start the job within {self.start_timeout:g}s "
-            f"({key_of(LauncherOwnOptions, 'leader_timeout')})"
-        )
-
-    def _leader_silent(self) -> None:
-        self._decide(
-            Verdict(
-                EX_UNAVAILABLE,
-                f"lost the leader {self.leader} during the job: no word from it for {self.silence_limit:g}s "
-                f"(leader host down or unreachable); see {self.leader}'s log",
-            )
-        )
-
-    def _stop_grace_over(self) -> None:
-        self._decide(Verdict(EX_STOPPED, ""))
-
-    def _heard(self) -> None:
-        if self.started and not self.stopping:
-            self.timers.after(self.silence_timer, self.silence_limit, self._leader_silent)
-
-    def _accept(self) -> None:
-        conn, _ = self.server.accept()
-        if peer_credentials(conn)[1] == os.geteuid():
-            log.debug("link from the leader connected")
-            conn.setblocking(False)
-            self.buffers[conn] = b""
-            self.loop.reader(conn, functools.partial(self._receive, conn))
-        else:
-            conn.close()
-
-    def _receive(self, conn: socket.socket) -> None:
-        self._decide(self._read(conn))
-
-    def _signals(self, keep: list[int]) -> None:
-        got = self.watch.receive(keep)
-        if got.dump:
-            self.dumps.dump("SIGUSR1")
-        if got.stop is not None:
-            verdict = self._stop(f"{signal.Signals(got.stop).name} received")
-            if verdict is not None:
-                self._decide(verdict)
-                return
-        if got.child and self.on_child is not None:
-            self._decide(self.on_child())
-
-    def _stop(self, why: str) -> Verdict | None:
-        """A stop (this host's SIGTERM, or the leader's `stop` event): this host's ranks get SIGTERM once,
-        after a stack dump (the loop runs on meanwhile: AfterDump); the job's verdict still comes from the
-        leader."""
-        if self.stopping:
-            return None
-        self.stopping = True
-        if not self.started:
-            return Verdict(EX_STOPPED, "")
-        self.timers.cancel(self.silence_timer)  # from now on only the grace for the leader's verdict counts
-        self.timers.after(self.stop_grace_timer, STOP_GRACE, self._stop_grace_over)
-        self.dumps.dump(f"stopped: {why}")
-        then = functools.partial(terminate_local_ranks, f"stopped: {why}", "; waiting for the leader")
-        AfterDump(self.loop, self.dumps, STOP_DUMP_WAIT, then).start()
-        return None
-
-    def _read(self, conn: socket.socket) -> Verdict | None:
-        data = conn.recv(65536)
-        self._heard()
-        if not data:
-            self.loop.forget(conn)
-            self.buffers.pop(conn, None)
-            conn.close()
-            if self.started:  # the leader's session closed mid-job without a verdict
-                return Verdict(
-                    EX_STOPPED if self.stopping else EX_UNAVAILABLE,
-                    f"lost the leader {self.leader} during the job: its link closed without a result "
-                    f"(leader host down or launcher killed); see {self.leader}'s log",
-                )
-            return None  # an attempt the leader abandoned before the job started
-        lines = (self.buffers[conn] + data).split(b"\n")
-        self.buffers[conn] = lines.pop()
-        for line in lines:
-            event = wire.decode(line)
-            if event is None:
-                continue
-            if event["event"] != "alive":  # heartbeats every 2 s would drown the debug log
-                log.debug("link event: %s", event)
-            if event["event"] == "start":
-                self.started = True
-                self.timers.cancel(self.start_timer)
-                self._heard()
-                log.info("job started by %s", self.leader)
-            elif event["event"] == "stop":
-                self._stop(f"the leader {self.leader} was stopped")
-            elif event["event"] == "end":
-                code = event.get("exit_code")
-                return Verdict(
-                    code if isinstance(code, int) else EX_UNAVAILABLE, str(event.get("reason") or "")
-                )
-        return None
+NEXT = {
+    State.WAITING: (State.LINKED,),
+    State.LINKED: (State.RUNNING,),
+    State.RUNNING: (State.STOPPING,),
+    State.STOPPING: (),
+}
+BEFORE_START = (State.WAITING, State.LINKED)
 
 
 class OutsideScript:
@@ -230,17 +82,17 @@ class OutsideScript:
         )
         self.reported = False
 
-    def check(self) -> Verdict | None:
-        """A Verdict when the script failed (the job fails with it); a success waits for the job's end."""
+    def check(self) -> None:
+        """Ended (the job fails with it) when the script failed; a success waits for the job's end."""
         code = self.proc.poll()
         if code is None or self.reported:
-            return None
+            return
         self.reported = True
         if code == 0:
             log.info("the script finished on %s; waiting for the MPI job to end", self.host)
-            return None
+            return
         code = exit_status(code)
-        return Verdict(
+        raise Ended(
             code, f"the script on {self.host} (outside the MPI instance groups) exited with code {code}"
         )
 
@@ -248,60 +100,178 @@ class OutsideScript:
         if self.proc.poll() is None:
             log.info("the job ended: stopping the script on %s", self.host)
             self.proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(grace)
+            if not wait_exits([self.proc.pid], grace):
+                self.proc.kill()
+        self.proc.wait()
 
 
-def run_worker(
-    job: Job,
-    run_dir: Path,
-    rank_env: Mapping[str, str],
-    outside: tuple[Sequence[str], Path] | None = None,
-) -> int:
-    """`rank_env`: what this host's ranks get (its container's variables, its SM_* values; roles/hostenv.py).
-    `outside`: (command, cwd) of the script a host outside the MPI instance groups runs once."""
-    port = read_env_options(os.environ).ssh_port
-    leader = job.leader
-    host = job.resources.current_host
-    with SignalWatch() as watch, contextlib.ExitStack() as stack:
-        place = directory(port)
-        stack.enter_context(hostenv.serving(place, rank_env))
-        server = stack.enter_context(listening(place))
-        sshd = start_sshd(run_dir, port)
-        script = OutsideScript(outside[0], rank_env, outside[1], host) if outside else None
+class Worker:
+    """One worker's life (the module's table). A context manager: from its start this host's `train` claims
+    its private directory, listens for the leader's link there and runs sshd; its end takes them down."""
+
+    def __init__(self, job: Job, run_dir: Path) -> None:
+        self.job, self.run_dir = job, run_dir
+        self.leader = job.leader
+        self.port = read_env_options(os.environ).ssh_port
+        self.state = State.WAITING
+        self.stack = contextlib.ExitStack()
+        self.loop = process_loop().scope()
+        self.start_timer = Timer("the job's start")
+        self.silence_timer = Timer("the leader's silence")
+        self.grace_timer = Timer("the grace for the leader's verdict")
+        dumper = StackDumper(
+            job.resources.current_host, job.paths.output_data_dir, [], None, "this host's ranks"
+        )
+        self.dumper = dumper
+        self.dumps = Dumps(dumper.start, dumper.finished)
+        self.keep: list[int] = []  # the children whose exits this worker waits for (sshd, a script)
+        self.script: OutsideScript | None = None
+
+    def __enter__(self) -> Worker:
+        try:
+            place = self.stack.enter_context(server.claimed(directory(self.port)))
+            self.stack.enter_context(self.loop)
+            self.listener = Listener(
+                self.stack.enter_context(listening(place)), self.loop, self._event, self._closed
+            )
+            sshd = start_sshd(self.run_dir, self.port)
+            self.stack.callback(sshd.wait)
+            self.stack.callback(sshd.terminate)
+            self.keep.append(sshd.pid)
+        except BaseException:
+            self.stack.close()
+            raise
+        timeout = self.job.options.launcher.leader_timeout
+        self.loop.timers.after(self.start_timer, timeout, self._not_started)
         log.info(
             "sshd listening on port %d; waiting for the leader %s (up to %gs)",
-            port,
-            leader,
-            job.options.launcher.leader_timeout,
+            self.port,
+            self.leader,
+            timeout,
         )
-        try:
-            keep = [sshd.pid] + ([script.proc.pid] if script else [])
-            dumper = stacks.StackDumper(host, job.paths.output_data_dir, [], None, "this host's ranks")
-            waiter = LinkWaiter(
-                server,
-                leader,
-                job.options.launcher.leader_timeout,
-                watch,
-                on_child=script.check if script else None,
-                dumps=Dumps(dumper.start, dumper.finished),
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.dumper.finish(STOP_DUMP_WAIT)
+        if self.script is not None:
+            self.script.stop()
+        self.stack.close()
+
+    def serve(self, env: Mapping[str, str]) -> None:
+        """This host's ranks' environment, held for them until the end (hostenv/server.py)."""
+        self.stack.enter_context(server.serving(directory(self.port), env))
+
+    def run_outside(self, command: Sequence[str], env: Mapping[str, str], cwd: Path) -> None:
+        """A host outside the MPI instance groups runs the script once, beside the job."""
+        self.script = OutsideScript(command, env, cwd, self.job.resources.current_host)
+        self.keep.append(self.script.proc.pid)
+
+    def wait(self) -> int:
+        """Until the job's verdict; its exit code, said in the log (and the failure file when it failed)."""
+        verdict = Ended(EX_UNAVAILABLE, "the wait for the leader ended without its verdict")
+        with SignalWatch() as watch:
+            self.loop.reader(watch, functools.partial(self._signals, watch))
+            try:
+                self.loop.run()
+            except Ended as ended:
+                verdict = ended
+            finally:
+                self.loop.close()  # the verdict is in: what the link does from now on means nothing
+        code, reason = verdict.exit_code, str(verdict)
+        if code in (0, EX_STOPPED):
+            log.info("job %s (exit %d)", "stopped" if code else "succeeded", code)
+            return code
+        text = reason or f"the job failed with exit code {code} (see {self.leader}'s log)"
+        failure.write_failure(self.job.paths.failure_file, text)
+        log.error("job failed (exit %d): %s", code, text.splitlines()[0])
+        return code
+
+    def _to(self, state: State) -> None:
+        if state not in NEXT[self.state]:
+            raise AssertionError(f"a worker cannot go from {self.state.name} to {state.name}")
+        log.debug("worker: %s -> %s", self.state.name, state.name)
+        self.state = state
+
+    def _event(self, connection: Connection, event: Event) -> None:
+        if self.state is State.RUNNING:  # any word from the leader: it is alive
+            self.loop.timers.after(self.silence_timer, SILENCE_LIMIT, self._leader_silent)
+        if event.kind == LINKED and self.state is State.WAITING:
+            self._to(State.LINKED)
+        elif event.kind == START and self.state is State.LINKED:
+            self._to(State.RUNNING)
+            self.loop.timers.cancel(self.start_timer)
+            self.loop.timers.after(self.silence_timer, SILENCE_LIMIT, self._leader_silent)
+            log.info("job started by %s", self.leader)
+        elif event.kind == STOP:
+            self._stop(f"the leader {self.leader} was stopped")
+        elif event.kind == END and self.state in BEFORE_START:
+            head, _, detail = event.reason.partition("\n")
+            said = f"the leader {self.leader} ended the job before it started (exit {event.exit_code})"
+            raise Ended(event.exit_code, failure.compose(f"{said}: {head}" if head else said, detail))
+        elif event.kind == END:
+            raise Ended(event.exit_code, event.reason)
+
+    def _closed(self, connection: Connection) -> None:
+        """A connection's end: nothing for an attempt the leader gave up; else the leader's end."""
+        if not connection.linked or self.state is State.WAITING:
+            return
+        if self.state is State.LINKED:
+            raise Ended(
+                EX_UNAVAILABLE,
+                f"the leader {self.leader} ended before the job started: its link closed without a word "
+                f"(its launcher was killed?); see {self.leader}'s log",
             )
-            verdict = waiter.wait(keep)
-            dumper.finish(STOP_DUMP_WAIT)
-            if script:
-                script.stop()
-        finally:
-            sshd.terminate()
-            sshd.wait()
-            kill_descendants()
-    if verdict.exit_code not in (0, EX_STOPPED):
-        text = verdict.reason or f"the job failed with exit code {verdict.exit_code} (see {leader}'s log)"
-        failure.write_failure(job.paths.failure_file, text)
-        log.error("job failed (exit %d): %s", verdict.exit_code, text.splitlines()[0])
-    else:
-        log.info(
-            "job %s (exit %d)",
-            "stopped" if verdict.exit_code == EX_STOPPED else "succeeded",
-            verdict.exit_code,
+        raise Ended(
+            EX_STOPPED if self.state is State.STOPPING else EX_UNAVAILABLE,
+            f"lost the leader {self.leader} during the job: its link closed without a result "
+            f"(leader host down or launcher killed); see {self.leader}'s log",
         )
-    return verdict.exit_code
+
+    def _not_started(self) -> None:
+        raise PeerError(
+            f"the leader {self.leader} did not start the job within "
+            f"{self.job.options.launcher.leader_timeout:g}s ({key_of(LauncherOwnOptions, 'leader_timeout')})"
+        )
+
+    def _leader_silent(self) -> None:
+        raise Ended(
+            EX_UNAVAILABLE,
+            f"lost the leader {self.leader} during the job: no word from it for {SILENCE_LIMIT:g}s "
+            f"(leader host down or unreachable); see {self.leader}'s log",
+        )
+
+    def _signals(self, watch: SignalWatch) -> None:
+        got = watch.receive(self.keep)
+        if got.dump:
+            self.dumps.dump("SIGUSR1")
+        if got.stop is not None:
+            self._stop(f"{signal.Signals(got.stop).name} received")
+        if got.child and self.script is not None:
+            self.script.check()
+
+    def _stop(self, why: str) -> None:
+        """A stop (this host's SIGTERM, or the leader's `stop`): before the start, the end; while the job
+        runs, this host's ranks get SIGTERM once, after a stack dump (the loop runs on meanwhile:
+        AfterDump), and the job's verdict still comes from the leader."""
+        if self.state in BEFORE_START:
+            raise Ended(EX_STOPPED, "")
+        if self.state is State.STOPPING:
+            return
+        self._to(State.STOPPING)
+        self.loop.timers.cancel(self.silence_timer)  # from now on only the grace for the leader's verdict
+        self.loop.timers.after(self.grace_timer, STOP_GRACE, self._grace_over)
+        self.dumps.dump(f"stopped: {why}")
+
+        def terminate() -> None:
+            log.warning(
+                "stopped: %s: SIGTERM sent to %d local rank(s); waiting for the leader",
+                why,
+                terminate_local_ranks(),
+            )
+
+        AfterDump(self.loop, self.dumps, STOP_DUMP_WAIT, terminate).start()
+
+    def _grace_over(self) -> None:
+        raise Ended(EX_STOPPED, "")

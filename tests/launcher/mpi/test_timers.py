@@ -4,8 +4,9 @@ announced an abort, each stepped through its deadlines without waiting."""
 from __future__ import annotations
 
 from smhvd.mpi.output import StderrFilter
-from smhvd.mpi.supervisor import ABORT_GRACE, KILL_GRACE, Dumps, HungAbort
+from smhvd.mpi.supervisor import ABORT_GRACE, KILL_GRACE, HungAbort
 from smhvd.proc.timers import Timer, Timers
+from smhvd.report.stacks import Dumps
 
 
 class Clock:
@@ -73,7 +74,7 @@ def test_silence_dumps_once_per_silence_and_a_stall_once() -> None:
     dumps = Dumps(lambda why: dumped.append((clock.now - 1000.0, why)), silence=30.0)
     dumps.start(timers)
     clock.run_until(timers, 1010.0)
-    dumps.heard(StderrFilter())  # a rank wrote at 10 s: the silence starts again
+    dumps.heard(stalled=False)  # a rank wrote at 10 s: the silence starts again
     clock.run_until(timers, 1100.0)
     assert dumped == [(40.0, "no output from any rank for 30s")]  # once, not every 30 s of one silence
     output = StderrFilter()
@@ -84,7 +85,7 @@ def test_silence_dumps_once_per_silence_and_a_stall_once() -> None:
     )
     assert output.stall_notice is not None
     for _ in range(2):
-        dumps.heard(output)
+        dumps.heard(stalled=output.stall_notice is not None)
     assert [why for _, why in dumped if "stall" in why] == ["Horovod reported a stall"]
 
 

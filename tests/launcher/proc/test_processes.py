@@ -1,11 +1,12 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from smhvd.config.hardware import count_gpus
-from smhvd.mpi.hostfile import render_hostfile
+from smhvd.mpi.command import MpiPlan
 from smhvd.proc.processes import descendants, descendants_of, read_process_table
 
 
@@ -27,7 +28,8 @@ def test_descendants_of_this_process_are_real():
 
 
 def test_hostfile_and_gpu_count():
-    assert render_hostfile(["algo-1", "algo-2"], 8) == "algo-1 slots=8\nalgo-2 slots=8\n"
+    plan = MpiPlan(8, Path("hostfile"), Path(), (), hosts=("algo-1", "algo-2"), slots=8, ssh_config=Path("c"))
+    assert plan.hostfile_text == "algo-1 slots=8\nalgo-2 slots=8\n"
     assert count_gpus(["0000:00:1e.0", "0000:00:1f.0"], []) == 2
     assert count_gpus([], ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"]) == 2
     assert count_gpus([], []) == 0

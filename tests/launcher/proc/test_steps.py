@@ -51,7 +51,7 @@ DRIVER = textwrap.dedent(
     from smhvd.proc.processes import become_subreaper
     from smhvd.proc.steps import run_step
     from smhvd.errors import Stopped
-    from smhvd.proc.stopping import PreparationSignals
+    from smhvd.proc.signals import PreparationSignals
 
     become_subreaper()
     PreparationSignals().install()

@@ -2,12 +2,16 @@
 
 import os
 import re
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from smhvd.mpi.output import StderrFilter
+from smhvd.proc.processes import reap_orphans
+from smhvd.proc.waiting import wait_until
 from smhvd.report import stacks
 from smhvd.report.stacks import RankDump, parse_dumps, summary_line, where
 
@@ -86,3 +90,35 @@ def test_a_dump_that_cannot_be_written_says_so_instead_of_failing(tmp_path):
     dump = stacks.dump_one(stacks.RankProcess(0, os.getpid()), "algo-1", blocked, py_spy)
     assert dump.file.startswith("(not written: ")
     assert re.fullmatch(r"\S+ \(\S+\.py:\d+\)", dump.where), dump
+
+
+@pytest.mark.integration  # starts processes
+def test_a_failed_py_spy_is_noted_though_train_reaps_orphans_meanwhile(tmp_path, monkeypatch):
+    """`train` reaps every zombie child that is not its own to wait for on each SIGCHLD (SignalWatch.receive),
+    while a stack dump runs beside its loop. py-spy ran in `train`'s own threads, so the reaper took its exit
+    and the file read as if it had succeeded (issue 46). Each host's dumps now run in a process of their own:
+    here a py-spy that fails with 3 (and leaves a child holding its output for a second, so that the reaper
+    has all the time it needs) is noted as such."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "py-spy").write_text("#!/bin/sh\n(sleep 1) &\necho 'no such process' >&2\nexit 3\n")
+    (fake / "py-spy").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "out"
+    rank_env = {**os.environ, "SM_CURRENT_HOST": "reaped", "SM_OUTPUT_DATA_DIR": str(out)}
+    rank = subprocess.Popen(
+        [sys.executable, "-m", "smhvd.rank", "--", "sleep", "60"],
+        env={**rank_env, "OMPI_COMM_WORLD_RANK": "0"},
+    )
+    try:
+        wait_until(lambda: stacks.find_ranks("reaped", out) or None, what="the rank to run", timeout=60)
+        dumper = stacks.StackDumper("reaped", out, [], None)
+        dumping = threading.Thread(target=dumper.dump, args=("test",))
+        dumping.start()
+        while dumping.is_alive():  # what `train`'s loop does on SIGCHLD, as often as it can
+            reap_orphans(())
+            dumping.join(0.005)
+    finally:
+        rank.kill()
+        rank.wait()
+    assert "[py-spy exited 3] no such process" in (out / "stacks" / "reaped-rank0.txt").read_text()

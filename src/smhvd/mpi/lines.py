@@ -11,7 +11,7 @@
 - A line longer than MAX_PIECE with no end in sight goes on in pieces, which the leader joins again
   (mpi/output.py), up to its own limit.
 
-Pure but for write_all and the clock the caller passes in. Metric regexes (SageMaker's `metric_definitions`,
+Pure but for the clock the caller passes in. Metric regexes (SageMaker's `metric_definitions`,
 which CloudWatch searches anywhere in a line) still match tagged lines as long as they are not anchored with
 `^`; to read one rank's figures, start the regex with its tag, e.g.
 `\\[0,[^]]*\\]<stdout>: .*loss: ([0-9.]+)`.
@@ -19,7 +19,6 @@ which CloudWatch searches anywhere in a line) still match tagged lines as long a
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 PROGRESS_EVERY = 0.5  # a line in progress is shown this long after it changed, and at most this often
@@ -126,10 +125,3 @@ class Lines:
         self.due = None
         out = self._whole(data)
         return Out(lines=out)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """All of `data` to `fd` (a blocking write may take it in parts)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

@@ -1,15 +1,16 @@
-"""Whom a process may trust on its own host: `train`'s private directory, the pid written there, and the
-kernel's word on who is at the other end of a unix socket.
+"""Whom a process may trust on its own host: `train`'s private directory, the pid written there, what that
+process holds, and the kernel's word on who is at the other end of a unix socket.
 
-Each host's `train` serves its ranks' environment (roles/hostenv.py) and, on a worker, the leader's link
-(roles/worker.py, link.py) from a directory it creates itself, owned by its user with mode 0700, under /run
-for root (a directory only root may write) or /tmp otherwise, named after the user and the job's port; it
-writes its pid there. A client trusts the directory only if it has exactly that owner and mode, and the
-answer only if the server's credentials (SO_PEERCRED) are its own uid and the pid written there, and, for a
-rank or the link relay, that pid is one of its own ancestors (the `train` that started it: `train` is a child
-subreaper, so its ranks stay below it on every host). A squatter of another user cannot create or enter the
-directory; one that created it first is refused by name, by `train` and by its clients alike; a process of the
-same user that is not the client's `train` is refused by pid.
+Each host's `train` holds its ranks' environment (hostenv/server.py) and, on a worker, listens for the
+leader's link (link/listen.py, link/relay.py) in a directory it creates itself, owned by its user with mode
+0700, under /run for root (a directory only root may write) or /tmp otherwise, named after the user and the
+job's port; it writes its pid there. A client trusts the directory only if it has exactly that owner and
+mode, and then only that pid: the environment is read from what that process holds (/proc/PID/fd, a sealed
+memfd: hostenv/client.py), the link's socket only if the kernel says (SO_PEERCRED) its other end is that pid
+of this uid; and for a rank or the relay, that pid must be one of its own ancestors (the `train` that started
+it: `train` is a child subreaper, so its ranks stay below it on every host). A squatter of another user
+cannot create or enter the directory; one that created it first is refused by name, by `train` and by its
+clients alike; a process of the same user that is not the client's `train` is refused by pid.
 """
 
 from __future__ import annotations
@@ -21,19 +22,20 @@ import struct
 from collections.abc import Collection
 from pathlib import Path
 
-from smhvd.errors import HostEnvError
+from smhvd.errors import HostEnvUnavailable
 from smhvd.proc.processes import cmdline, is_alive, process_start_time
 from smhvd.proc.waiting import NotYet
 
-# What the directory holds: `train`'s pid, and its sockets.
+# What the directory holds: `train`'s pid, the number of its fd that holds the ranks' environment, and on a
+# worker the link's socket.
 PID_FILE = "train.pid"
-ENV_SOCKET = "env.sock"  # this host's environment for its ranks (roles/hostenv.py)
-LINK_SOCKET = "link.sock"  # a worker's: the leader's link relay connects here (roles/worker.py, link.py)
+ENV_FD = "env.fd"  # hostenv/server.py
+LINK_SOCKET = "link.sock"  # the leader's relay connects here (link/listen.py, link/relay.py)
 
 
 def directory(name: str | int, uid: int | None = None) -> Path:
     """`train`'s private directory for this user: a worker's under its port's name (it owns the port on its
-    host), the leader's under a name of its own for the job (roles/hostenv.leader_directory)."""
+    host), the leader's under a name of its own for the job (server.leader_directory)."""
     uid = os.geteuid() if uid is None else uid
     return (Path("/run") if uid == 0 else Path("/tmp")) / f"smhvd-hostenv-{uid}-{name}"
 
@@ -50,9 +52,9 @@ def private_dir_problem(path: Path, uid: int) -> str | None:
     return None
 
 
-def read_pid(path: Path) -> int | None:
-    """The pid `train` wrote to `path`; None when there is none yet. ValueError when the file is there but
-    holds no pid, or is not a regular file (a FIFO would block its reader forever)."""
+def read_number(path: Path) -> int | None:
+    """The number `train` wrote to `path` (its pid, an fd); None when there is none yet. ValueError when the
+    file is there but holds no number, or is not a regular file (a FIFO would block its reader forever)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -66,7 +68,7 @@ def read_pid(path: Path) -> int | None:
     finally:
         os.close(fd)
     if not (text.isdigit() and 0 < len(text) <= 10 and int(text) > 0):
-        raise ValueError(f"{path} holds no pid")
+        raise ValueError(f"{path} holds no number")
     return int(text)
 
 
@@ -89,35 +91,41 @@ def peer_credentials(conn: socket.socket) -> tuple[int, int]:
     return int(pid), int(uid)
 
 
-def connect_trusted(
-    path: Path, name: str, timeout: float, ancestors: Collection[int] | None, what: str
-) -> socket.socket:
-    """A connection to the socket `name` in `train`'s private directory `path`, made only when the directory
-    is this user's alone and the other end is the `train` whose pid is written there (and, given `ancestors`,
-    one of them). NotYet while the server is not (yet) there or too busy; HostEnvError for anything that must
-    not be trusted. `what` names the socket in messages."""
-    uid = os.geteuid()
+def trusted_pid(path: Path, ancestors: Collection[int] | None, what: str) -> int:
+    """The pid of the `train` whose private directory `path` is, when the directory is this user's alone
+    (and, given `ancestors`, the pid is one of them). NotYet while there is no directory or pid yet;
+    HostEnvUnavailable for anything that must not be trusted. `what` names the thing asked for in messages."""
     try:
-        problem = private_dir_problem(path, uid)
+        problem = private_dir_problem(path, os.geteuid())
     except FileNotFoundError:
         raise NotYet(f"{path} does not exist") from None
     if problem:
-        raise HostEnvError(f"{what} is not trusted: {problem}")
+        raise HostEnvUnavailable(f"{what} is not trusted: {problem}")
     try:
-        pid = read_pid(path / PID_FILE)
+        pid = read_number(path / PID_FILE)
     except ValueError as exc:
-        raise HostEnvError(f"{what} is not trusted: {exc}") from None
+        raise HostEnvUnavailable(f"{what} is not trusted: {exc}") from None
     if pid is None:
         raise NotYet(f"no {PID_FILE} in {path} yet")
     if ancestors is not None and pid not in ancestors:
-        raise HostEnvError(f"{what} is served by pid {pid}, which did not start this process: refused")
+        raise HostEnvUnavailable(f"{what} is served by pid {pid}, which did not start this process: refused")
+    return pid
+
+
+def connect_trusted(
+    path: Path, name: str, timeout: float, ancestors: Collection[int] | None, what: str
+) -> socket.socket:
+    """A connection to the socket `name` in `train`'s private directory `path`, made only when `trusted_pid`
+    trusts it and the kernel says the other end is that pid, of this user. NotYet while the server is not
+    (yet) there or too busy; HostEnvUnavailable for anything that must not be trusted."""
+    pid = trusted_pid(path, ancestors, what)
     conn = _connect(path / name, timeout, what)
     peer_pid, peer_uid = peer_credentials(conn)
-    if peer_uid != uid or peer_pid != pid:
+    if peer_uid != os.geteuid() or peer_pid != pid:
         conn.close()
-        raise HostEnvError(
+        raise HostEnvUnavailable(
             f"{what} was answered by pid {peer_pid} (uid {peer_uid}), not by its train "
-            f"(pid {pid}, uid {uid}): refused"
+            f"(pid {pid}, uid {os.geteuid()}): refused"
         )
     return conn
 
@@ -132,5 +140,5 @@ def _connect(path: Path, timeout: float, what: str) -> socket.socket:
         raise NotYet(f"connect: {exc}") from None
     except OSError as exc:  # not a socket at all, ...
         conn.close()
-        raise HostEnvError(f"{what} is not trusted: {path}: {exc.strerror}") from None
+        raise HostEnvUnavailable(f"{what} is not trusted: {path}: {exc.strerror}") from None
     return conn

@@ -1,43 +1,43 @@
-"""Each host's own environment for its ranks (hostenv), and the interface a host really has (job)."""
+"""Each host's own environment for its ranks (hostenv/: what `train` holds, what a rank may trust), and the
+interface a host really has (job)."""
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
-from smhvd import hostenv_client
 from smhvd.config.hardware import parse_route_device
 from smhvd.config.job import Hardware, Job, with_usable_interface
 from smhvd.config.launcher_options import parse_launcher_options
 from smhvd.config.sagemaker_files import parse_resource_config, read_json
 from smhvd.env_options import FETCH_TIMEOUT, read_env_options
 from smhvd.environment import host_env
-from smhvd.errors import ConfigError, HostEnvError
-from smhvd.proc import processes, trust
-from smhvd.proc.loop import Loop, follow_output
-from smhvd.roles import hostenv
+from smhvd.errors import ConfigError, HostEnvError, HostEnvUnavailable
+from smhvd.hostenv import client as hostenv_client
+from smhvd.hostenv import server as hostenv
+from smhvd.hostenv import trust
+from smhvd.proc import processes
 from smhvd.wire import HOSTENV_SERVED_FROM
 from smhvd_dev.mltree import write_ml_tree
 from support.ci import need_root
-from support.loop_thread import running
 from tests.conftest import TRAIN
 
 
 @contextlib.contextmanager
 def served(path, env):
-    """hostenv.serving on a loop of the test's, run in a thread while the block runs (train runs its loop in
-    its waits; the test blocks in a fetch as a rank would)."""
-    with Loop() as loop, hostenv.serving(path, env, loop), running(loop):
+    """What `train` does for its ranks: its directory claimed, `env` held there while the block runs."""
+    with hostenv.claimed(path), hostenv.serving(path, env):
         yield
 
 
@@ -96,17 +96,11 @@ def port():
 
 SERVER = """
 import sys, time
-from smhvd import hostenv_client
-from smhvd.env_options import FETCH_TIMEOUT, read_env_options
-from smhvd.environment import host_env
-from smhvd.errors import ConfigError, HostEnvError
-from smhvd.proc import trust
-from smhvd.wire import RankFailure
-from smhvd.proc.loop import process_loop
-from smhvd.roles import hostenv
-with hostenv.serving(trust.directory(int(sys.argv[1])), {"SM_CURRENT_HOST": "algo-2", "A": "1"}):
+from smhvd.hostenv import server, trust
+place = trust.directory(int(sys.argv[1]))
+with server.claimed(place), server.serving(place, {"SM_CURRENT_HOST": "algo-2", "A": "1"}):
     print("serving", flush=True)
-    process_loop().run()  # as train's waits run it: nothing here stops it
+    time.sleep(3600)  # holds it, answering nothing: ranks read what it holds
 """
 
 
@@ -129,82 +123,42 @@ def test_a_served_environment_reaches_this_hosts_ranks_and_is_gone_after_the_blo
     with served(trust.directory(port), env):
         path = trust.directory(port)
         assert trust.private_dir_problem(path, os.geteuid()) is None  # 0700, ours
+        assert sorted(os.listdir(path)) == [trust.ENV_FD, trust.PID_FILE]  # the environment is not on disk
         assert hostenv_client.fetch(trust.directory(port)) == env
         assert hostenv_client.fetch(trust.directory(port)) == env  # every rank asks once
     assert not path.exists()
-    with pytest.raises(HostEnvError, match=r"timed out after 0.3s waiting for this host's environment"):
+    with pytest.raises(HostEnvUnavailable, match=r"timed out after 0.3s waiting for this host's environment"):
         hostenv_client.fetch(
             trust.directory(port), timeout=0.3
         )  # nobody serves: a rank fails, never runs with another's identity
 
 
-FETCHES = (
-    "import sys\nfrom pathlib import Path\nfrom smhvd import hostenv_client\n"
-    "print(hostenv_client.fetch(Path(sys.argv[1]), timeout=30)['A'])\n"
-)
-
-
-@pytest.mark.integration  # starts processes
-def test_ranks_are_answered_while_a_wait_of_trains_runs_its_loop(port):
-    """No thread of its own serves: a rank's answer goes out while a wait of `train` (here the one over that
-    rank's output, as the supervisor's over mpirun) runs the process's loop."""
-    path = trust.directory(port)
-    got: list[bytes] = []
-    with Loop() as loop, hostenv.serving(path, {"A": "served"}, loop):
-        rank = subprocess.Popen([sys.executable, "-c", FETCHES, str(path)], stdout=subprocess.PIPE)
-        assert rank.stdout is not None
-        with rank.stdout:
-            exited = follow_output(
-                rank.pid, [rank.stdout.fileno()], lambda _fd, chunk: got.append(chunk), loop=loop
-            )
-        assert exited
-        assert rank.wait() == 0
-    assert b"".join(got) == b"served\n"
-
-
-def test_a_client_that_does_not_read_holds_up_no_other_and_is_dropped(port, monkeypatch):
-    """A rank that connects and then takes nothing (stopped, stuck) must not keep the others waiting: each
-    answer goes out in non-blocking writes, and a client that takes nothing for SEND_TIMEOUT is cut off."""
-    monkeypatch.setattr(hostenv, "SEND_TIMEOUT", 0.5)
-    env = {"BIG": "x" * (8 << 20)}  # far more than a socket buffer holds
-    path = trust.directory(port)
-    with served(path, env), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stuck:
-        stuck.connect(str(path / trust.ENV_SOCKET))
-        for _ in range(3):  # served while the stuck client's answer waits
-            assert hostenv_client.fetch(path, timeout=30) == env
-        time.sleep(1.5)  # past SEND_TIMEOUT without taking anything
-        stuck.settimeout(30)
-        received = 0
-        while chunk := stuck.recv(1 << 20):  # what the buffers held, then the end: it was dropped
-            received += len(chunk)
-        assert received < len(env["BIG"])
-
-
-def _fake_server(port: int, pid: int, answer: bytes) -> tuple[socket.socket, threading.Thread]:
+@contextlib.contextmanager
+def held(port: int, pid: int, answer: bytes, sealed: bool = True) -> Iterator[None]:
+    """A directory as `train` makes it, naming `pid` and an fd of this process that holds `answer` (a sealed
+    memfd, as train's, unless `sealed` is false: then a plain file)."""
     path = trust.directory(port)
     path.mkdir(mode=0o700)
     (path / trust.PID_FILE).write_text(str(pid))
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path / trust.ENV_SOCKET))
-    server.listen(1)
-
-    def reply():
-        with contextlib.suppress(OSError):  # a refusing client may hang up first, or never connect
-            conn, _ = server.accept()
-            with conn:
-                conn.sendall(answer)
-
-    thread = threading.Thread(target=reply, daemon=True)
-    thread.start()
-    return server, thread
+    if sealed:
+        fd = os.memfd_create("answer", os.MFD_ALLOW_SEALING)
+        os.write(fd, answer)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, hostenv.SEALS)
+    else:
+        (path / "plain").write_bytes(answer)
+        fd = os.open(path / "plain", os.O_RDONLY)
+    (path / trust.ENV_FD).write_text(str(fd))
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.integration  # starts processes
 def test_a_garbled_answer_is_refused(port):
-    server, thread = _fake_server(port, os.getpid(), json.dumps({"A": 1}).encode())  # values must be strings
-    with server, pytest.raises(HostEnvError, match=r"answered something other than an environment"):
+    refused = pytest.raises(HostEnvUnavailable, match=r"holds something other than an environment")
+    with held(port, os.getpid(), json.dumps({"A": 1}).encode()), refused:  # values must be strings
         hostenv_client.fetch(trust.directory(port), timeout=2)
-    thread.join()
 
 
 @pytest.mark.integration  # starts processes
@@ -212,14 +166,12 @@ def test_a_train_that_did_not_start_the_rank_is_refused(port):
     """Same user, the pid written in the directory answers, but it is not one of the rank's ancestors (another
     job's train on this host, say): refused before connecting. Its own train (an ancestor) is accepted."""
     env = {"SM_CURRENT_HOST": "algo-1"}
-    server, thread = _fake_server(port, os.getpid(), json.dumps(env).encode())  # this process answers
-    with server:
+    with held(port, os.getpid(), json.dumps(env).encode()):  # this process holds it
         with pytest.raises(
-            HostEnvError, match=r"served by pid \d+, which did not start this process: refused"
+            HostEnvUnavailable, match=r"served by pid \d+, which did not start this process: refused"
         ):
             hostenv_client.fetch(trust.directory(port), timeout=2, ancestors=processes.ancestors())
         assert hostenv_client.fetch(trust.directory(port), timeout=2, ancestors={os.getpid()}) == env
-    thread.join()
 
 
 @pytest.mark.integration  # starts processes
@@ -234,22 +186,25 @@ def test_ancestors_are_the_chain_of_parents():
 
 
 @pytest.mark.integration  # starts processes
-def test_an_answer_from_another_process_than_the_train_is_refused(port):
-    """Same user, another pid than the one `train` wrote: not this job's train."""
-    other = subprocess.Popen(["sleep", "30"])
-    try:
-        server, thread = _fake_server(port, other.pid, b'{"PYTHONPATH": "/evil"}')
+def test_what_the_named_process_does_not_hold_sealed_is_refused(port):
+    """Same user: the directory names an fd that is a plain file (anyone of that user could have written it),
+    or a process that holds no such fd: refused, never read as an environment."""
+    forged = b'{"PYTHONPATH": "/evil"}'
+    with (
+        held(port, os.getpid(), forged, sealed=False),
+        pytest.raises(HostEnvUnavailable, match=rf"fd \d+ of pid {os.getpid()} is not what train holds"),
+    ):
+        hostenv_client.fetch(trust.directory(port), timeout=2)
+    subprocess.run(["rm", "-rf", str(trust.directory(port))], check=True)
+    with subprocess.Popen(["sleep", "30"]) as other:
         with (
-            server,
+            held(port, other.pid, forged),
             pytest.raises(
-                HostEnvError, match=rf"answered by pid {os.getpid()} .* not by its train \(pid {other.pid}"
+                HostEnvUnavailable, match=rf"timed out after 1s .*\(last: pid {other.pid} holds no fd \d+\)"
             ),
         ):
-            hostenv_client.fetch(trust.directory(port), timeout=2)
-        thread.join()
-    finally:
+            hostenv_client.fetch(trust.directory(port), timeout=1)
         other.kill()
-        other.wait()
 
 
 def _as_nobody(code: str) -> subprocess.CompletedProcess[str]:
@@ -264,14 +219,13 @@ def _as_nobody(code: str) -> subprocess.CompletedProcess[str]:
 def test_another_user_can_neither_read_nor_take_the_place(port, server):
     need_root("to act as another user")
     path = trust.directory(port)
+    fd = (path / trust.ENV_FD).read_text()
     probe = _as_nobody(
-        "import socket\n"
-        "s = socket.socket(socket.AF_UNIX)\n"
-        f"try:\n    s.connect({str(path / trust.ENV_SOCKET)!r})\n"
-        "except OSError as e:\n    print(type(e).__name__)\n"
-        "else:\n    print('connected', s.recv(100))\n"
+        f"for name in ({str(path / trust.PID_FILE)!r}, '/proc/{server.pid}/fd/{fd}'):\n"
+        "    try:\n        print(open(name).read())\n"
+        "    except OSError as e:\n        print(type(e).__name__)\n"
     )
-    assert probe.stdout.strip() == "PermissionError", probe.stdout + probe.stderr
+    assert probe.stdout.split() == ["PermissionError", "PermissionError"], probe.stdout + probe.stderr
     assert hostenv_client.fetch(trust.directory(port))["SM_CURRENT_HOST"] == "algo-2"
 
 
@@ -293,7 +247,7 @@ def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, ho
     refused = pytest.raises(HostEnvError, match=r"cannot serve this host's environment to its ranks: ")
     with refused, served(trust.directory(port), {"A": "1"}):
         pass
-    with pytest.raises(HostEnvError, match=r"this host's environment is not trusted: "):
+    with pytest.raises(HostEnvUnavailable, match=r"this host's environment is not trusted: "):
         hostenv_client.fetch(trust.directory(port), timeout=2)
 
 
@@ -342,7 +296,7 @@ def test_leaders_directories_left_by_killed_trains_are_reclaimed_and_no_other(se
         path.mkdir(mode=0o700)
         if pid is not None:
             (path / trust.PID_FILE).write_text(str(pid))
-        (path / trust.ENV_SOCKET).touch()
+        (path / trust.ENV_FD).touch()
         when = time.time() - age
         os.utime(path, (when, when))
         made[name] = path
@@ -359,10 +313,8 @@ def test_leaders_directories_left_by_killed_trains_are_reclaimed_and_no_other(se
 def test_entries_of_the_wrong_kind_are_one_line_naming_them(tmp_path):
     path = tmp_path / "place"
     path.mkdir(mode=0o700)
-    (path / trust.ENV_SOCKET).mkdir()  # a directory where the socket goes
-    wrong = pytest.raises(
-        HostEnvError, match=rf"cannot serve this host's environment: .*/{trust.ENV_SOCKET}: "
-    )
+    (path / trust.ENV_FD).mkdir()  # a directory where train writes its fd's number
+    wrong = pytest.raises(HostEnvError, match=rf"cannot serve this host's environment: .*/{trust.ENV_FD}: ")
     with wrong, served(path, {"A": "1"}):
         pass
     missing = pytest.raises(HostEnvError, match=r"cannot create .*/missing/place: No such file or directory")
@@ -372,23 +324,22 @@ def test_entries_of_the_wrong_kind_are_one_line_naming_them(tmp_path):
 
 @pytest.mark.integration  # starts processes
 def test_100_ranks_asking_a_stopped_train_all_get_its_environment(port, server):
-    """SIGSTOP stands in for a loaded host: the queue fills, every fetch retries within its deadline."""
+    """A stopped (or busy) `train` answers nothing, and need not: each rank reads what it holds."""
     os.kill(server.pid, signal.SIGSTOP)
     results: list[object] = []
 
     def ask():
         try:
             results.append(hostenv_client.fetch(trust.directory(port), timeout=30)["SM_CURRENT_HOST"])
-        except HostEnvError as exc:
+        except HostEnvUnavailable as exc:
             results.append(exc)
 
     threads = [threading.Thread(target=ask) for _ in range(100)]
     for thread in threads:
         thread.start()
-    time.sleep(1.0)  # the stopped host stays stopped for a second, as the issue measured
-    os.kill(server.pid, signal.SIGCONT)
     for thread in threads:
         thread.join(60)
+    os.kill(server.pid, signal.SIGCONT)
     assert results == ["algo-2"] * 100
 
 
@@ -422,6 +373,26 @@ def test_a_rank_without_its_hosts_environment_fails_in_one_line(port):
     assert proc.returncode == 69
     assert proc.stderr.startswith("smhvd.rank: timed out after 0.5s waiting for this host's environment")
     assert proc.stderr.count("\n") == 1
+
+
+@pytest.mark.integration  # starts processes
+@pytest.mark.parametrize(
+    ("env", "error"),
+    [({"SMHVD_HOSTENV_TIMEOUT": "0.5"}, HostEnvUnavailable), ({"SMHVD_SSH_PORT": "port"}, ConfigError)],
+)
+def test_a_rank_exits_with_the_code_errors_py_gives_what_stopped_it(port, env, error):
+    """One error, one exit code: the rank mapped every launcher error to 69, whatever errors.py said (the
+    host environment's error was 73 in `train` and 69 in a rank; a bad SMHVD_SSH_PORT 78 in `train`)."""
+    base = {**os.environ, HOSTENV_SERVED_FROM: "1", "SMHVD_SSH_PORT": str(port), "OMPI_COMM_WORLD_RANK": "3"}
+    done = subprocess.run(
+        [sys.executable, "-m", "smhvd.rank", "--", "true"],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == error.exit_code, done.stderr
+    assert done.stderr.startswith("smhvd.rank: ") and done.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize(

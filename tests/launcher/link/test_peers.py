@@ -1,7 +1,9 @@
-"""The leader reaching its workers (roles/peers.py), with real processes standing in for the ssh sessions
+"""The leader reaching its workers (link/connect.py), with real processes standing in for the ssh sessions
 (`command`) and the real TCP check of each worker's sshd port (a listening socket per worker): every worker is
 reached at once, none is tried before its port answers, one that never comes up is named, a stop signal ends
-the wait, and closing hangs up on every worker before waiting for any."""
+the wait, a worker whose link closes before the start ends it, the leader's end before the start reaches
+every worker, READY is found in any amount of chatter, and closing hangs up on every worker before waiting for
+any."""
 
 from __future__ import annotations
 
@@ -18,18 +20,18 @@ from pathlib import Path
 
 import pytest
 
-from smhvd import wire
-from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, PeerError, Stopped
+from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, PeerError, Stopped, exit_for
+from smhvd.link import END, LINKED, READY, Event
+from smhvd.link import connect as peers
+from smhvd.link.connect import SAID_KEPT, Address, Linking, Resolve, Said, addresses
 from smhvd.proc.signals import SignalWatch
-from smhvd.roles import peers
-from smhvd.roles.peers import Address, Resolve, WorkerLink, close_all, connect_all
 from smhvd.roles.sshd import render_ssh_config
 from support.ci import unavailable
 
 pytestmark = pytest.mark.integration
 
 HOSTS = ["algo-2", "algo-3", "algo-4", "algo-5"]
-# A stand-in for `ssh HOST python -m smhvd.link PORT`: records its start, says ready (and records that), holds
+# A stand-in for `ssh HOST <the relay>`: records its start, says READY (and records that), holds
 # the session until its input ends, records what it was told ("told-HOST") and the end, and exits.
 # argv: MARKS HOST TOGETHER SESSIONS FAILING. TOGETHER names the marks ("start", "eof") at which it waits
 # until all SESSIONS made the same one: it says ready only once every session started, and exits only once
@@ -37,12 +39,15 @@ HOSTS = ["algo-2", "algo-3", "algo-4", "algo-5"]
 # next would wait forever: the leader's own deadline ends the test, and the relay's (60 s) the relay, with
 # exit 3. Behaviour, not timing: a loaded machine is only slower. FAILING is HOST:N: the first N tries on HOST
 # fail as the real relay does when no launcher waits on its host yet (a line on stderr, a non-zero exit).
+# CLOSING names a host whose session ends right after READY (its `train` ended). Before READY each says a
+# few kB, as a chatty rc file on the worker would.
 RELAY = """
 import sys, time
 from pathlib import Path
 marks, host, together = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
 sessions = int(sys.argv[4])
 failing_host, failing = sys.argv[5].split(":")
+closing = sys.argv[6]
 
 def mark(kind):
     (marks / f"{kind}-{host}").write_text(repr(time.time()))
@@ -58,18 +63,23 @@ with (marks / f"tries-{host}").open("a") as tries:
 if host == failing_host and len((marks / f"tries-{host}").read_text()) <= int(failing):
     sys.exit("smhvd.link: no launcher is waiting on this host")
 mark("start")
-sys.stdout.write("ready\\n"); sys.stdout.flush()
+sys.stdout.buffer.write(b"a chatty rc file says hello\\n" * 1000 + READY); sys.stdout.flush()
 mark("ready")
+if host == closing:
+    sys.exit(0)
 (marks / f"told-{host}").write_text(sys.stdin.read())
 mark("eof")
 """
 
 
-def relay(marks: Path, together: str = "", failing: str = ":0") -> Callable[[str], list[str]]:
-    """`failing`: HOST:N, the first N tries on HOST fail."""
+def relay(
+    marks: Path, together: str = "", failing: str = ":0", closing: str = ""
+) -> Callable[[str], list[str]]:
+    """`failing`: HOST:N, the first N tries on HOST fail; `closing`: a host whose session ends after READY."""
+    code = f"READY = {READY!r}\n{RELAY}"
 
     def command(host: str) -> list[str]:
-        return [sys.executable, "-c", RELAY, str(marks), host, together, str(len(HOSTS)), failing]
+        return [sys.executable, "-c", code, str(marks), host, together, str(len(HOSTS)), failing, closing]
 
     return command
 
@@ -81,10 +91,31 @@ def relay(marks: Path, together: str = "", failing: str = ":0") -> Callable[[str
 ADDRESSES = {host: f"127.0.0.{index}" for index, host in enumerate(HOSTS, start=2)}
 
 
-def told(marks: Path, host: str) -> dict[str, object] | None:
-    """The one event the relay of `host` was sent before its session ended."""
-    (line,) = (marks / f"told-{host}").read_bytes().splitlines(keepends=True)
-    return wire.decode(line)
+def told(marks: Path, host: str) -> list[Event | None]:
+    """The events the relay of `host` was sent before its session ended."""
+    return [Event.decode(line) for line in (marks / f"told-{host}").read_bytes().splitlines()]
+
+
+def connect_all(
+    hosts: list[str],
+    ssh_config: Path,
+    port: int,
+    timeout: float,
+    signals: SignalWatch | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    command: Callable[[str], list[str]] | None = None,
+    resolve: Resolve = addresses,
+) -> Linking:
+    """What the leader does (roles/leader.py): every worker linked, or, when that fails, every worker reached
+    told why (errors.exit_for) and the exception. The caller closes what it returns."""
+    linking = Linking(hosts, ssh_config, port, timeout, command, resolve, clock).__enter__()
+    try:
+        linking.wait(signals)
+    except BaseException as exc:
+        linking.end(Event(END, *exit_for(exc)), 0.0)
+        linking.close()
+        raise
+    return linking
 
 
 class SshPorts:
@@ -114,7 +145,7 @@ class SshPorts:
         resolve: Resolve | None = None,
         clock: Callable[[], float] = time.monotonic,
         **relay_options: str,
-    ) -> list[WorkerLink]:
+    ) -> Linking:
         """connect_all to HOSTS at these ports, each session a RELAY (`relay_options`: together, failing)."""
         command = relay(marks, **relay_options)
         return connect_all(
@@ -166,12 +197,11 @@ def ports() -> Iterator[SshPorts]:
 def test_every_worker_is_reached_at_once(tmp_path: Path, ports: SshPorts) -> None:
     """No session waits for another to be ready: each relay is ready only once all four started."""
     ports.open(*HOSTS)
-    links = ports.reach(tmp_path, together="start")
-    try:
+    with ports.reach(tmp_path, together="start") as linking:
+        links = linking.links
         assert [worker.host for worker in links] == HOSTS
-    finally:
-        close_all(links)
     assert all(worker.proc.returncode == 0 for worker in links)
+    assert all(told(tmp_path, host) == [Event(LINKED)] for host in HOSTS)
 
 
 def test_no_session_is_tried_before_the_workers_port_answers(tmp_path: Path, ports: SshPorts) -> None:
@@ -186,8 +216,7 @@ def test_no_session_is_tried_before_the_workers_port_answers(tmp_path: Path, por
             ports.open("algo-3")
         return ports.resolve(host, port)
 
-    links = ports.reach(tmp_path, resolve=resolve)
-    close_all(links)
+    ports.reach(tmp_path, resolve=resolve).close()
     assert probes["algo-3"] == 4
     assert {host: len((tmp_path / f"tries-{host}").read_text()) for host in HOSTS} == dict.fromkeys(HOSTS, 1)
 
@@ -207,20 +236,15 @@ def test_a_worker_that_never_comes_up_is_named_and_the_others_are_told(
     assert "algo-2:" not in str(info.value).split("last:")[-1]  # only the missing host is blamed
     assert not (tmp_path / "tries-algo-3").exists()
     for host in ("algo-2", "algo-4", "algo-5"):  # the workers that were reached got the end and a hang-up
-        assert told(tmp_path, host) == {
-            "event": "end",
-            "exit_code": EX_UNAVAILABLE,
-            "reason": str(info.value),
-        }
+        assert told(tmp_path, host) == [Event(LINKED), Event(END, EX_UNAVAILABLE, str(info.value))]
 
 
 def test_a_failed_attempt_is_tried_again_and_its_error_named(tmp_path: Path, ports: SshPorts) -> None:
     """algo-3's port is open but its first two sessions fail (no launcher waits there yet): a third one links
     it; one that always fails is named with the last line it wrote on stderr."""
     ports.open(*HOSTS)
-    links = ports.reach(tmp_path, failing="algo-3:2")
-    close_all(links)
-    assert [worker.host for worker in links] == HOSTS
+    with ports.reach(tmp_path, failing="algo-3:2") as linking:
+        assert [worker.host for worker in linking.links] == HOSTS
     assert len((tmp_path / "tries-algo-3").read_text()) == 3
     # The deadline comes once the others are linked and algo-4 failed at least once (its retry's probe).
     marks = tmp_path / "always"
@@ -257,15 +281,15 @@ def test_a_stop_signal_ends_the_wait_and_the_workers_reached_are_told(
     ):
         ports.reach(tmp_path, 60, watch, resolve)
     for host in ("algo-2", "algo-4", "algo-5"):
-        assert told(tmp_path, host) == {"event": "end", "exit_code": EX_STOPPED, "reason": str(info.value)}
+        assert told(tmp_path, host) == [Event(LINKED), Event(END, EX_STOPPED, str(info.value))]
 
 
 def test_closing_hangs_up_on_every_worker_before_waiting_for_any(tmp_path: Path, ports: SshPorts) -> None:
     """Each relay exits only once all four saw their input end: waiting for one before hanging up on the next
     would keep the first one waiting until close_all's deadline kills it (a non-zero exit)."""
     ports.open(*HOSTS)
-    links = ports.reach(tmp_path, together="eof")
-    close_all(links)
+    with ports.reach(tmp_path, together="eof") as linking:
+        links = linking.links
     assert all((tmp_path / f"eof-{host}").exists() for host in HOSTS)
     assert [worker.proc.returncode for worker in links] == [0] * len(HOSTS)
 
@@ -311,16 +335,83 @@ def test_a_hundred_failed_attempts_leave_the_leader_holding_no_more_fds(
         held.append(len(os.listdir("/proc/self/fd")))
         return ports.resolve(host, port)
 
-    links = connect_all(
+    connect_all(
         ["algo-3"],
         tmp_path / "ssh_config",
         ports.port,
         600,
         command=relay(tmp_path, failing="algo-3:100"),
         resolve=resolve,
-    )
-    close_all(links)
+    ).close()
     assert len((tmp_path / "tries-algo-3").read_text()) == 101
     assert len(held) == 101  # a probe before each attempt
     print(f"fds held at the 1st, 50th and 101st probe: {held[0]}, {held[49]}, {held[100]}")
     assert set(held) == {held[0]}
+
+
+def test_ready_is_found_whatever_comes_before_it_in_bounded_memory() -> None:
+    """A host whose shell or Python prints megabytes first (issue 44: a chatty .pth): READY is found however
+    the pieces fall, and what is kept of the chatter stays bounded (it was `said += chunk`, quadratic)."""
+    chatter = b"x" * 3_000_000 + b"\n"
+    for cut in range(len(READY) + 1):  # READY split between two pieces at every place
+        said = Said()
+        pieces = [*(chatter[i : i + 65536] for i in range(0, len(chatter), 65536))]
+        pieces += [READY[:cut], READY[cut:] + b"later"]
+        found = [said.ready(piece) for piece in pieces]
+        assert found[-1] or (cut == len(READY) and found[-2])
+        assert not any(found[: len(pieces) - 2])
+        assert len(said.carry) < len(READY) and len(said.tail) <= SAID_KEPT
+
+
+def test_a_worker_whose_link_closes_before_the_start_ends_the_wait_naming_it(
+    tmp_path: Path, ports: SshPorts
+) -> None:
+    """algo-4's `train` ends right after its relay said READY (its session closes) while the others are not
+    up yet: the wait fails at once, naming it, not at its deadline (600 s)."""
+    ports.open("algo-4")
+    with pytest.raises(PeerError, match="^algo-4 ended before the job started"):
+        ports.reach(tmp_path, 600, closing="algo-4")
+
+
+def test_the_leaders_end_before_the_start_reaches_every_worker_and_one_that_comes_up_meanwhile(
+    tmp_path: Path, ports: SshPorts
+) -> None:
+    """The leader ends (its pip failed, say) while algo-3's sshd is not up yet: the three linked workers are
+    told at once, and algo-3 when its port opens during the end's wait."""
+    ports.open("algo-2", "algo-4", "algo-5")
+    ending = Event(END, 70, "pip install -r requirements.txt failed: no such package")
+    ended: list[bool] = []
+
+    def resolve(host: str, port: int) -> list[Address]:
+        if host == "algo-3" and ended and "algo-3" not in ports.listening:
+            ports.open("algo-3")
+        return ports.resolve(host, port)
+
+    with Linking(HOSTS, tmp_path / "c", ports.port, 600, relay(tmp_path), resolve) as linking:
+        others = [tmp_path / f"ready-{host}" for host in ("algo-2", "algo-4", "algo-5")]
+        while not all(host.link is not None for host in linking.workers if host.host != "algo-3"):
+            linking.loop.timers.after(peers.Timer("a look"), 0.05, linking.loop.stop)
+            linking.loop.run()  # the leader's preparation runs the loop
+        assert all(p.exists() for p in others)
+        ended.append(True)
+        reached = linking.end(ending, wait=60)
+    assert reached == dict.fromkeys(HOSTS, True)
+    for host in HOSTS:
+        assert told(tmp_path, host) == [Event(LINKED), ending]
+
+
+def test_closing_waits_for_the_sessions_ends_without_sleeping(
+    tmp_path: Path, ports: SshPorts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing once waited for each session with Popen.wait(timeout), which polls with time.sleep every few
+    milliseconds (issue 46: a hidden sleep-poll at every multi-host job's end); it waits on each session's end
+    (a pidfd) on the loop. Here the sessions take a moment to end after the hang-up (each waits for all four
+    to see it)."""
+    ports.open(*HOSTS)
+    linking = ports.reach(tmp_path, together="eof")
+    sleeps: list[float] = []
+    real = time.sleep
+    monkeypatch.setattr(time, "sleep", lambda seconds: (sleeps.append(seconds), real(seconds))[1])
+    linking.close()
+    assert [link.proc.returncode for link in linking.links] == [0] * len(HOSTS)
+    assert sleeps == []

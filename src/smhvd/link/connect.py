@@ -1,0 +1,425 @@
+"""The leader's side of the link: reach every worker, from the leader's start, while the job is prepared.
+
+Every worker is reached at once, on the process's one event loop (proc/loop.py), while the leader's own
+preparation runs (code, pip, the EFA probe: their waits run the same loop), so N workers cost about one
+worker's latency, not N, and nothing polls:
+- readiness is probed cheaply first: a non-blocking TCP connect to the worker's sshd port (a writer on the
+  loop, its answer read with SO_ERROR, PROBE_TIMEOUT a timer), again after probe_delay while it is refused:
+  an ssh attempt against a closed port would still cost a process, and a handshake costs the leader's CPU.
+  The name lookup before it is the one blocking call (getaddrinfo has no non-blocking form): /etc/hosts or a
+  resolver answers it in about a millisecond; a resolver that does not answer holds up the loop for its
+  timeout (an ssh to that host would wait as long);
+- an open port gets an ssh attempt running the relay (link/relay.py), at most MAX_SSH_IN_FLIGHT at once: its
+  output a reader, where READY is looked for whatever comes before it (kept bounded: only what could still
+  be the start of READY, and the attempt's last words for its error), its exit a pidfd, ATTEMPT_TIMEOUT a
+  timer; a failed one is retried after retry_delay (the port probed first). The leader's `linked` goes to
+  the worker as soon as READY came;
+- until the job starts, a link that closes is a worker that ended before it: PeerError, raised wherever the
+  leader waits (its `end` then reaches every other worker); once it runs, that is mpirun's to see;
+- the overall deadline is a timer; `wait` reads the caller's SignalWatch: a stop signal ends it at once;
+- `close` hangs up on every worker first, then waits for all (their pidfds), under one deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import os
+import shlex
+import socket
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from smhvd.errors import PeerError, Stopped
+from smhvd.link import LINKED, READY, Event
+from smhvd.link.relay import command as relay_command
+from smhvd.proc.loop import process_loop, wait_exits
+from smhvd.proc.processes import die_with_parent
+from smhvd.proc.signals import SignalWatch
+from smhvd.proc.timers import Timer, Timers
+
+log = logging.getLogger("smhvd")
+
+ATTEMPT_TIMEOUT = 15.0  # one ssh attempt: connect + start the relay
+PROBE_TIMEOUT = 2.0  # one TCP connect to a worker's sshd port
+PROBE_FIRST = 0.05  # the first re-probe of a refused port; then x1.6 up to PROBE_MAX
+PROBE_MAX = 0.25  # a worker whose sshd starts is noticed within this (plus one probe)
+MAX_SSH_IN_FLIGHT = 64  # ssh attempts at once (each is a process and a handshake on the leader)
+CLOSE_TIMEOUT = 5.0
+SAID_KEPT = 4096  # of what an attempt printed before READY, at most this much is kept (its last words)
+
+Address = tuple[socket.AddressFamily, tuple[Any, ...]]  # a socket family and an address of it
+Resolve = Callable[[str, int], Sequence[Address]]
+Command = Callable[[str], list[str]]
+
+
+class WorkerLink:
+    """One open ssh session to a worker's relay."""
+
+    def __init__(self, host: str, proc: subprocess.Popen[bytes]) -> None:
+        self.host = host
+        self.proc = proc
+
+    def send(self, event: Event) -> bool:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(event.encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            return False
+        return True
+
+    def hang_up(self) -> None:
+        """Close the session's input: the relay on the worker sees the end of it and exits."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+
+
+def ssh_command(ssh_config: Path, host: str, remote: Sequence[str]) -> list[str]:
+    """A command on another host of the job, over ssh with the job's client configuration. ssh hands the
+    remote command to the remote shell: quoted here (host names are validated, no leading '-'). Pure."""
+    return ["ssh", "-F", str(ssh_config), host, shlex.join(remote)]
+
+
+def close_all(links: Sequence[WorkerLink], timeout: float = CLOSE_TIMEOUT) -> None:
+    """Hang up on every link first, then wait for all sessions to end (a pidfd each, on the process's loop)
+    under one deadline; what is left is killed."""
+    for link in links:
+        link.hang_up()
+    wait_exits([link.proc.pid for link in links if link.proc.poll() is None], timeout)
+    for link in links:
+        if link.proc.poll() is None:
+            link.proc.kill()
+        link.proc.wait()
+        for pipe in (link.proc.stdout, link.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+class Said:
+    """What an attempt printed, looked through for READY as it comes, in bounded memory: only the bytes that
+    could still be the start of READY, and the last SAID_KEPT bytes for the error."""
+
+    def __init__(self) -> None:
+        self.carry = b""
+        self.tail = b""
+
+    def ready(self, chunk: bytes) -> bool:
+        window = self.carry + chunk
+        self.carry = window[-(len(READY) - 1) :]
+        self.tail = (self.tail + chunk)[-SAID_KEPT:]
+        return READY in window
+
+
+def addresses(host: str, port: int) -> list[Address]:
+    """Where `host` takes TCP connections on `port`, in the resolver's order; socket.gaierror if nowhere."""
+    return [
+        (family, address)
+        for family, _, _, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    ]
+
+
+def probe_delay(failures: int) -> float:
+    """Seconds before probing again after `failures` refused probes in a row."""
+    return float(min(PROBE_MAX, PROBE_FIRST * 1.6 ** max(0, failures - 1)))
+
+
+def retry_delay(attempts: int) -> float:
+    """Seconds before another ssh attempt after `attempts` failed ones (the port was open, ssh failed)."""
+    return float(min(2.0, 0.1 * 1.6**attempts))
+
+
+@dataclass
+class _Worker:
+    """Reaching one worker: probes of its port, then ssh attempts, all started from the main thread
+    (PR_SET_PDEATHSIG is per thread)."""
+
+    host: str
+    argv: list[str]
+    probe: socket.socket | None = None  # a connect under way
+    untried: list[Address] = field(default_factory=list)  # the addresses this probe has yet to try
+    probes_failed: int = 0
+    proc: subprocess.Popen[bytes] | None = None  # an ssh attempt under way
+    out: int = -1  # its stdout (and, once linked, the link's: its end is the worker's)
+    pidfd: int = -1
+    said: Said = field(default_factory=Said)
+    count: int = 0
+    last_error: str = "not tried yet"
+    link: WorkerLink | None = None
+    told: bool = False  # the leader's `end` reached it
+    gone: bool = False  # its link closed before the job started: its `train` ended
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more to tell it."""
+        return self.told or self.gone
+
+    # Its one timer: the probe's timeout, the next probe, or the attempt's timeout.
+    timer: Timer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.timer = Timer(f"worker {self.host}")
+
+
+class Linking:
+    """The leader's links to `hosts`, made on the process's loop from `__enter__` on, whoever runs the loop
+    (the leader's preparation steps, then `wait`); each `linked` at once. Before the job starts a link that
+    closes raises PeerError; `end` tells every worker the job ended before it started; `running` says it
+    started. From the main thread."""
+
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        ssh_config: Path,
+        port: int,
+        timeout: float,
+        command: Command | None = None,
+        resolve: Resolve = addresses,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        argv_for = command or (lambda host: ssh_command(ssh_config, host, relay_command(port)))
+        self.workers = [_Worker(host, argv_for(host)) for host in hosts]
+        self.port, self.timeout, self.resolve = port, timeout, resolve
+        self.loop = process_loop().scope(Timers(clock))
+        self.port_open: deque[_Worker] = deque()  # waiting for a free ssh slot
+        self.in_flight = 0
+        self.started = False  # the job runs: a link that closes is not the leader's to judge
+        self.farewell: Event | None = None  # the job ended before it started: what each worker is told
+        self.deadline = Timer("the wait for every worker")
+        self.waiting = False  # `wait` or `end` runs the loop: only they may stop it (other waits run it too)
+
+    def __enter__(self) -> Linking:
+        self.loop.timers.after(self.deadline, self.timeout, self._timed_out)
+        for worker in self.workers:
+            self.probe(worker)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def links(self) -> list[WorkerLink]:
+        return [w.link for w in self.workers if w.link is not None]
+
+    def wait(self, signals: SignalWatch | None = None) -> list[WorkerLink]:
+        """Until every worker is linked: PeerError naming each one that was not within the timeout (counted
+        from `__enter__`), Stopped on a stop signal."""
+
+        def check_stop() -> None:
+            if signals is not None and signals.stop_requested():
+                raise Stopped("stopped while waiting for workers " + ", ".join(w.host for w in self.workers))
+
+        check_stop()
+        if all(w.link is not None for w in self.workers):
+            return self.links
+        if signals is not None:
+            self.loop.reader(signals, check_stop)
+        try:
+            self._run()
+        finally:
+            if signals is not None:
+                self.loop.forget(signals)
+        return self.links
+
+    def _run(self) -> None:
+        self.waiting = True
+        try:
+            self.loop.run()
+        finally:
+            self.waiting = False
+
+    def running(self) -> None:
+        """The job starts: the links carry its events; their ends are no longer watched here."""
+        self.started = True
+        self.loop.timers.cancel(self.deadline)
+        for worker in self.workers:
+            if worker.link is not None and worker.out >= 0:
+                self.loop.forget(worker.out)
+                worker.out = -1
+
+    def tell(self, event: Event) -> dict[str, bool]:
+        """`event` to every linked worker: whether it could be written (a broken link is the worker's
+        problem: it exits on its own)."""
+        return {link.host: link.send(event) for link in self.links}
+
+    def end(self, event: Event, wait: float) -> dict[str, bool]:
+        """The job ended before it started: `event` (`end`) to every linked worker, and to each worker
+        reached within `wait` seconds (a stop signal ends that wait). Whom it reached."""
+        self.farewell = event
+        for worker in self.workers:
+            self._tell(worker)
+        if wait > 0 and not all(w.settled for w in self.workers):
+            names = ", ".join(w.host for w in self.workers if not w.settled)
+            log.info("telling %s that the job ended (up to %gs)", names, wait)
+            self.loop.timers.after(self.deadline, wait, self.loop.stop)
+            with contextlib.suppress(Stopped, PeerError):
+                self._run()
+        return {w.host: w.told for w in self.workers}
+
+    def close(self) -> None:
+        """End every probe and attempt under way, hang up on every link and wait for their ends."""
+        for worker in self.workers:
+            self._end_probe(worker)
+            if worker.proc is not None:
+                proc = self._end_session(worker)
+                proc.kill()
+                proc.wait()
+        self.loop.close()
+        close_all(self.links)
+
+    def missing(self) -> str:
+        """Each worker not linked, with its last error."""
+        return "; ".join(f"{w.host}: {w.last_error}" for w in self.workers if w.link is None)
+
+    def _timed_out(self) -> None:
+        what = "workers " + ", ".join(w.host for w in self.workers)
+        raise PeerError(f"timed out after {self.timeout:g}s waiting for {what} (last: {self.missing()})")
+
+    def probe(self, worker: _Worker) -> None:
+        try:
+            worker.untried = list(self.resolve(worker.host, self.port))
+        except socket.gaierror as exc:
+            self._refused(worker, f"cannot resolve {worker.host} ({exc.strerror})")
+            return
+        if not worker.untried:
+            self._refused(worker, f"cannot resolve {worker.host} (no address)")
+            return
+        self._connect(worker)
+
+    def _connect(self, worker: _Worker) -> None:
+        """A non-blocking connect to the next address: its answer when the socket turns writable."""
+        family, address = worker.untried.pop(0)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        error = sock.connect_ex(address)
+        if error != errno.EINPROGRESS:
+            sock.close()
+            self._probed(worker, os.strerror(error) if error else None)
+            return
+        worker.probe = sock
+        self.loop.writer(sock, functools.partial(self._connected, worker))
+        self.loop.timers.after(worker.timer, PROBE_TIMEOUT, functools.partial(self._probe_timed_out, worker))
+
+    def _connected(self, worker: _Worker) -> None:
+        assert worker.probe is not None
+        error = worker.probe.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        self._end_probe(worker)
+        self._probed(worker, os.strerror(error) if error else None)
+
+    def _probe_timed_out(self, worker: _Worker) -> None:
+        self._end_probe(worker)
+        self._probed(worker, "timed out")
+
+    def _end_probe(self, worker: _Worker) -> None:
+        if worker.probe is not None:
+            self.loop.forget(worker.probe)
+            worker.probe.close()
+            worker.probe = None
+        self.loop.timers.cancel(worker.timer)
+
+    def _probed(self, worker: _Worker, error: str | None) -> None:
+        """The port is open (error None): an ssh attempt once a slot is free; else the next address, or a
+        probe again later."""
+        if error is None:
+            worker.probes_failed = 0
+            self.port_open.append(worker)
+            self._start_sessions()
+        elif worker.untried:
+            worker.last_error = f"port {self.port}: {error}"
+            self._connect(worker)
+        else:
+            self._refused(worker, f"port {self.port}: {error}")
+
+    def _refused(self, worker: _Worker, error: str) -> None:
+        worker.last_error = error
+        worker.probes_failed += 1
+        self.loop.timers.after(
+            worker.timer, probe_delay(worker.probes_failed), functools.partial(self.probe, worker)
+        )
+
+    def _start_sessions(self) -> None:
+        while self.port_open and self.in_flight < MAX_SSH_IN_FLIGHT:
+            worker = self.port_open.popleft()
+            proc = subprocess.Popen(
+                worker.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=die_with_parent,  # noqa: PLW1509  (if the leader dies, the session closes)
+            )
+            assert proc.stdout is not None
+            worker.proc, worker.out, worker.said = proc, proc.stdout.fileno(), Said()
+            worker.count += 1
+            self.in_flight += 1
+            self.loop.reader(worker.out, functools.partial(self._output, worker))
+            worker.pidfd = self.loop.exit_of(proc.pid, functools.partial(self._failed, worker))
+            self.loop.timers.after(worker.timer, ATTEMPT_TIMEOUT, functools.partial(self._failed, worker))
+
+    def _output(self, worker: _Worker) -> None:
+        """READY links the worker; the end of the output before it fails the attempt."""
+        chunk = os.read(worker.out, 65536)
+        if not chunk:
+            self._failed(worker)
+        elif worker.said.ready(chunk):
+            out = worker.out
+            worker.link = WorkerLink(worker.host, self._end_session(worker))
+            worker.link.send(Event(LINKED))
+            worker.out = out
+            self.loop.reader(out, functools.partial(self._link_output, worker))
+            self._tell(worker)
+            self._start_sessions()
+            if all(w.link is not None for w in self.workers) and self.farewell is None:
+                self.loop.timers.cancel(self.deadline)
+                if self.waiting:
+                    self.loop.stop()
+
+    def _link_output(self, worker: _Worker) -> None:
+        """The link's output after READY: nothing, until its end (the worker's `train` ended)."""
+        if os.read(worker.out, 65536):
+            return
+        self.loop.forget(worker.out)
+        worker.out = -1
+        if not self.started and not worker.told:
+            worker.gone = True
+            raise PeerError(
+                f"{worker.host} ended before the job started (its link closed); see {worker.host}'s log"
+            )
+
+    def _tell(self, worker: _Worker) -> None:
+        """The leader's `end`, once it ended before the start, to a worker as soon as it is linked."""
+        if self.farewell is None or worker.link is None or worker.told:
+            return
+        worker.told = worker.link.send(self.farewell)
+        worker.link.hang_up()
+        if all(w.settled for w in self.workers) and self.waiting:
+            self.loop.stop()
+
+    def _failed(self, worker: _Worker) -> None:
+        """The attempt exited, ended its output before READY, or timed out: another one, backed off."""
+        proc = self._end_session(worker)
+        proc.kill()
+        _, err = proc.communicate()
+        lines = (worker.said.tail + b"\n" + err).decode(errors="replace").strip().splitlines()
+        worker.last_error = lines[-1][-300:] if lines else f"no answer within {ATTEMPT_TIMEOUT:g}s"
+        self.loop.timers.after(worker.timer, retry_delay(worker.count), functools.partial(self.probe, worker))
+        self._start_sessions()
+
+    def _end_session(self, worker: _Worker) -> subprocess.Popen[bytes]:
+        """Stop watching the attempt; its process."""
+        proc = worker.proc
+        assert proc is not None
+        self.loop.forget(worker.out)
+        worker.out = -1
+        self.loop.forget(worker.pidfd)
+        self.loop.timers.cancel(worker.timer)
+        worker.proc = None
+        self.in_flight -= 1
+        return proc

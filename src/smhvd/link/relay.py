@@ -1,0 +1,79 @@
+"""The relay, on a worker: the leader's ssh session joined to the worker's `train`.
+
+The leader runs `command(port)` over ssh on each worker. The relay connects to the worker's `train` over the
+unix socket in its private directory (named after the sshd port; trusted as a rank trusts its environment:
+the directory is this user's alone, and the other end is the `train` whose pid is written there and that
+started this relay's sshd: hostenv/trust.py), says READY (the leader's proof that the worker is up), then
+copies the leader's words to it until either end closes.
+
+Nothing else may print before READY, and the relay makes sure of it: Python starts isolated and without
+`site` (`-I -S`: no .pth file, sitecustomize or PYTHON* variable runs or prints anything at its start), with
+the launcher's own directory as its only addition to the path. What the remote shell prints before it (a
+chatty rc file) the leader skips: it looks for READY in whatever comes (link/connect.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from smhvd.errors import EX_UNAVAILABLE, HostEnvUnavailable
+from smhvd.hostenv import trust
+from smhvd.link import READY
+from smhvd.proc.loop import process_loop
+from smhvd.proc.processes import ancestors
+from smhvd.proc.waiting import NotYet
+
+CONNECT_TIMEOUT = 5.0  # one attempt: the leader tries again
+# `python -I -S -c BOOT ROOT PORT`: ROOT (the directory that holds the package smhvd) is put on the path.
+BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from smhvd.link.relay import main; sys.exit(main(sys.argv[2:]))"
+)
+
+
+def command(port: int) -> list[str]:
+    """The relay's argv on a worker: this interpreter and this launcher (every host runs the same image)."""
+    return [sys.executable, "-I", "-S", "-c", BOOT, str(Path(__file__).resolve().parents[2]), str(port)]
+
+
+def relay(port: int) -> int:
+    """stdin (the leader's words) -> the worker's `train`, until either end closes."""
+    try:
+        sock = trust.connect_trusted(
+            trust.directory(port), trust.LINK_SOCKET, CONNECT_TIMEOUT, ancestors(), "the worker's link"
+        )
+    except (NotYet, HostEnvUnavailable) as exc:
+        sys.stderr.write(f"smhvd.link: no launcher is waiting on this host ({exc})\n")
+        return EX_UNAVAILABLE
+    sock.settimeout(None)
+    os.write(1, READY)
+    with process_loop().scope() as loop:
+
+        def from_leader() -> None:
+            data = os.read(0, 65536)
+            if data:
+                sock.sendall(data)
+            else:  # the leader closed the session
+                loop.stop()
+
+        def from_worker() -> None:
+            if not sock.recv(4096):  # the worker's `train` exited
+                loop.stop()
+
+        loop.reader(0, from_leader)
+        loop.reader(sock, from_worker)
+        loop.run()
+    return 0
+
+
+def main(args: list[str]) -> int:
+    if len(args) != 1 or not args[0].isdigit():
+        sys.stderr.write("usage: python -m smhvd.link.relay PORT\n")
+        return 64
+    return relay(int(args[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
