@@ -153,7 +153,6 @@ def _load(paths: SageMakerPaths, job_log_level: Callable[[int], object] | None) 
         argv, env = sdk_v3.hand_back_command(os.environ)
         os.execve(argv[0], argv, env)  # noqa: S606 (v3's own command)
     job = load_job(paths, v3=v3)  # from here on, one job whichever SDK wrote the files
-    refuse_output_env(os.environ)  # OMPI_MCA_orte_xml_output=1 is --xml: 78, as in custom_mpi_options
     if job_log_level is not None and job.options.program.log_level is not None:
         job_log_level(job.options.program.log_level)  # the SDK's container_log_level (logging.DEBUG=10, ...)
     log.debug(
@@ -170,7 +169,9 @@ def _load(paths: SageMakerPaths, job_log_level: Callable[[int], object] | None) 
 def _prepare(job: Job, preflight_only: bool) -> Prepared:
     """The code, its requirements, the ranks' environment and the EFA probe. Every step is a child process
     (proc/steps.py) or in-process work that a stop interrupts (proc/signals.py). A pre-flight alone needs no
-    code."""
+    code. What only this host's environment refuses is found here, once its role has started (a leader's
+    then reaches its workers)."""
+    refuse_output_env(os.environ)  # OMPI_MCA_orte_xml_output=1 is --xml: 78, as in custom_mpi_options
     if preflight_only:
         env = rank_env(job, os.environ, {})
         program, code_dir, name = [], Path("/"), "the pre-flight"

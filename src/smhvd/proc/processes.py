@@ -85,6 +85,19 @@ def descendants(root: int | None = None) -> list[int]:
     return descendants_of(os.getpid() if root is None else root, read_process_table())
 
 
+def own_trees() -> set[int]:
+    """This process's children in its own session and everything below them: what it started itself (a
+    worker's sshd, the leader's ssh sessions). An orphan re-parented to it (a daemon a step left) comes from
+    another session: a step runs in a session of its own."""
+    me, table = os.getpid(), read_process_table()
+    mine = os.getsid(0)
+    own = set()
+    for pid, (ppid, _) in table.items():
+        if ppid == me and (fields := _stat_fields(Path(f"/proc/{pid}/stat"))) and int(fields[3]) == mine:
+            own |= {pid, *descendants_of(pid, table)}
+    return own
+
+
 RANK_MODULE = "smhvd.rank"  # the rank wrapper: `python -P -m smhvd.rank ...`
 
 

@@ -17,7 +17,9 @@ stop nothing can clean up after, SIGKILL to `train`, leaves such a directory: th
 (each is locked by its train while in use, and the kernel drops the lock with the process).
 
 "Started since the step began" is exact because the launcher is a child subreaper (processes.py): a process
-that daemonizes is re-parented to the launcher, so it is still one of its descendants.
+that daemonizes is re-parented to the launcher, so it is still one of its descendants. What the launcher
+starts itself meanwhile (the leader's links, a worker's sshd and its sessions: they run beside the
+preparation) is its own, in its own session, and is left alone.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smhvd.proc.loop import follow_output, wait_exits
-from smhvd.proc.processes import descendants, die_with_parent, is_alive, signal_pids
+from smhvd.proc.processes import descendants, die_with_parent, is_alive, own_trees, signal_pids
 
 OUTPUT_LIMIT = 1 << 20  # of each stream, the first and the last half of this many bytes are kept
 STOP_GRACE = 3.0  # SIGTERM, then SIGKILL this long after to what ignored it (as mpirun after an abort)
@@ -227,7 +229,10 @@ def _keep(kept: _HeadAndTail, chunk: bytes, echo: bool) -> None:
 
 
 def _started_since(before: set[int]) -> list[int]:
-    return [pid for pid in descendants() if pid not in before]
+    """What the step started: every process below this one since it began, but what this process started
+    itself meanwhile (the links that run beside the preparation: processes.own_trees)."""
+    own = own_trees()
+    return [pid for pid in descendants() if pid not in before and pid not in own]
 
 
 def _signal_tree(proc: subprocess.Popen[bytes], pids: Iterable[int], sig: int) -> None:

@@ -231,3 +231,39 @@ def test_a_tmpdir_that_cannot_be_made_is_not_a_missing_program(tmp_path):
 def test_a_missing_program_raises_file_not_found():
     with pytest.raises(FileNotFoundError):
         run_step(["/nonexistent/fi_info"])
+
+
+# The driver, with a process the launcher itself starts while the step runs (as the leader's ssh links and a
+# worker's sshd run beside the preparation): in the launcher's own session, so not the step's to end.
+BESIDE = (
+    DRIVER.replace(
+        "    r = run_step(",
+        "    import subprocess, threading\n"
+        "    beside = []\n"
+        "    def start():\n"
+        "        beside.append(subprocess.Popen(['sleep', '300'], stdout=subprocess.DEVNULL))\n"
+        "    threading.Timer(0.5, start).start()\n"
+        "    r = run_step(",
+    )
+    .replace(
+        'print(json.dumps({"returncode"',
+        'print(json.dumps({"beside": beside[0].poll() is None, "returncode"',
+    )
+    .replace("r.stderr.hex()}))", "r.stderr.hex()}))\n    beside[0].kill()")
+)
+
+
+@pytest.mark.integration
+def test_what_the_launcher_starts_itself_while_a_step_runs_is_not_the_steps(tmp_path):
+    """The leader reaches its workers while its pip runs: the ssh sessions it starts then (in its own session)
+    outlived pip's step until a step's end killed every process started since it began."""
+    (tmp_path / "tmp").mkdir()
+    driver = subprocess.Popen(
+        [sys.executable, "-c", BESIDE, json.dumps([sys.executable, "-c", "import time; time.sleep(2)"]), ""],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+    )
+    result = finish(driver)
+    assert result["returncode"] == 0
+    assert result["beside"] is True

@@ -1,0 +1,214 @@
+"""A leader that ends before the job starts ends every worker (issue 44): `train` on a real 2-host simulated
+cluster, black-box. For each way the leader can end before `start` (mpirun missing from its PATH, its pip
+failing, a configuration error only it finds, an internal error, a stop, its launcher killed outright), the
+worker exits non-zero within seconds, with the leader's reason in its own log and failure file; only a worker
+that never reached any leader waits launcher_leader_timeout_seconds. Before, each of them waited 15 minutes.
+
+The bounds (WORKER_BOUND) only catch the wait this guards against; how fast each phase ends is printed
+(`-s`) and kept in README's table. The pre-flight under `fail` (every host exits 75 with the named host as its
+reason) is held by tests/launcher/preflight/test_preflight_cluster.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from smhvd_sim import Cluster, ClusterSpec
+from smhvd_sim.jobs import HostProcess
+from smhvd_sim.system import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.integration]
+
+HOSTS = ("algo-1", "algo-2")
+WORKER_BOUND = 30.0  # leader's exit -> worker's exit; measured 0.1-0.5 s (README); the old wait was 900 s
+HOLD_PIP = "-r /tmp/hold\n"  # a requirements file that reads a FIFO nobody writes: pip waits until ended
+
+
+Start = Callable[..., tuple[Cluster, dict[str, HostProcess]]]
+
+
+@pytest.fixture
+def start(cluster_tools: None, tmp_path: Path, code_dir: Path) -> Iterator[Start]:
+    """start(prepare, env={host: vars}, down=(), **hyperparameters): a 2-host cluster, `prepare(cluster)` run
+    on it (it may return more variables by host), then `train` on each host not in `down` (the probe job
+    sleeping 300 s, as long as it may run)."""
+    clusters: list[Cluster] = []
+
+    def run(
+        prepare: Callable[[Cluster], dict[str, dict[str, str]] | None] = lambda _cluster: None,
+        env: dict[str, dict[str, str]] | None = None,
+        down: tuple[str, ...] = (),
+        **hyperparameters: object,
+    ) -> tuple[Cluster, dict[str, HostProcess]]:
+        hps = {"sagemaker_program": "probe_job.py", "mode": "sleep", "seconds": 300} | hyperparameters
+        spec = ClusterSpec(
+            hosts=len(HOSTS),
+            workdir=tmp_path / "cluster",
+            code_dir=code_dir,
+            hyperparameters={key: json.dumps(value) for key, value in hps.items()},
+        )
+        cluster = Cluster(spec)
+        clusters.append(cluster)
+        cluster.up()
+        env = {**(env or {}), **(prepare(cluster) or {})}
+        exited = threading.Event()
+        processes = {
+            host: cluster.start(
+                host,
+                ["train"],
+                env={"SMHVD_LOG_LEVEL": "DEBUG", **env.get(host, {})},
+                exited=exited,
+                end_host_on_exit=True,
+            )
+            for host in HOSTS
+            if host not in down
+        }
+        return cluster, processes
+
+    yield run
+    for cluster in clusters:
+        cluster.down()
+        assert cluster.leftovers() == []
+
+
+def log_of(process: HostProcess) -> str:
+    process.finish_output()
+    return process.log.read_text()
+
+
+def failure(cluster: Cluster, host: str) -> str:
+    return (cluster.ml_dir(host) / "output" / "failure").read_text()
+
+
+def assert_worker_ended_with_the_leader(
+    cluster: Cluster, processes: dict[str, HostProcess], code: int, reason: str, phase: str
+) -> None:
+    """Both exit `code`; the leader's failure file starts with `reason`; the worker's says that the leader
+    ended the job, with the leader's reason, in its failure file and its log; it exits within WORKER_BOUND of
+    the leader; nothing is left running."""
+    codes = {host: process.wait(240) for host, process in processes.items()}
+    assert codes == dict.fromkeys(HOSTS, code), log_of(processes["algo-1"]) + log_of(processes["algo-2"])
+    leaders = failure(cluster, "algo-1").splitlines()[0]
+    assert leaders.startswith(reason), leaders
+    said = f"the leader algo-1 ended the job before it started (exit {code}): {leaders}"
+    assert failure(cluster, "algo-2").startswith(said), failure(cluster, "algo-2")
+    assert said in log_of(processes["algo-2"])
+    assert "waiting for the leader algo-1" in log_of(processes["algo-2"])
+    gap = (processes["algo-2"].ended or 0.0) - (processes["algo-1"].ended or 0.0)
+    print(f"\n{phase}: the worker exited {gap:.2f} s after the leader (exit {code})")
+    assert gap < WORKER_BOUND
+    assert all(process.result().left_running == () for process in processes.values())
+
+
+def no_mpirun(cluster: Cluster) -> dict[str, dict[str, str]]:
+    """The leader's PATH without mpirun (as an image without Open MPI): the launcher's Python and a directory
+    of the tools it and the simulator use, in its own /opt/ml tree (as the host sees it, and the
+    simulator starting the command outside it)."""
+    tools = cluster.ml_dir("algo-1") / "tools"
+    tools.mkdir()
+    for name in ("ssh", "sh", "env", "nsenter"):
+        found = shutil.which(name)
+        assert found is not None
+        (tools / name).symlink_to(found)
+    path = os.pathsep.join([str(Path(sys.executable).parent), "/opt/ml/tools", str(tools)])
+    return {"algo-1": {"PATH": path}}
+
+
+def test_mpirun_missing_from_the_leaders_path(start: Start) -> None:
+    cluster, processes = start(no_mpirun)
+    assert_worker_ended_with_the_leader(
+        cluster, processes, 70, "mpirun not found on PATH (", "mpirun missing"
+    )
+    assert "Traceback" not in log_of(processes["algo-1"])
+
+
+def test_the_leaders_pip_failing(start: Start) -> None:
+    def leaders_requirements(cluster: Cluster) -> None:
+        requirements = cluster.ml_dir("algo-1") / "code" / "requirements.txt"
+        requirements.write_text("--no-index\nsmhvd-no-such-pkg\n")
+
+    cluster, processes = start(leaders_requirements)
+    assert_worker_ended_with_the_leader(
+        cluster, processes, 70, "/opt/ml/code/requirements.txt: pip install failed (exit 1)", "pip failing"
+    )
+
+
+def test_a_configuration_error_only_the_leader_finds(start: Start) -> None:
+    """Its own environment asks for XML output (OMPI_MCA_orte_xml_output=1), which the launcher refuses."""
+    cluster, processes = start(env={"algo-1": {"OMPI_MCA_orte_xml_output": "1"}})
+    assert_worker_ended_with_the_leader(
+        cluster, processes, 78, "environment: OMPI_MCA_orte_xml_output: expected", "configuration error"
+    )
+
+
+def test_an_internal_error_of_the_leader(start: Start) -> None:
+    """A file where the leader's output data directory goes: its launcher fails where it never expected to."""
+
+    def file_in_the_way(cluster: Cluster) -> None:
+        data = cluster.ml_dir("algo-1") / "output" / "data"
+        shutil.rmtree(data)
+        data.write_text("not a directory")
+
+    cluster, processes = start(file_in_the_way)
+    assert_worker_ended_with_the_leader(
+        cluster, processes, 70, "launcher internal error: FileExistsError(", "internal error"
+    )
+
+
+def hold_the_leaders_pip(cluster: Cluster) -> None:
+    """The leader's pip waits on a FIFO nobody writes, on its own host, until it is ended."""
+    assert cluster.exec("algo-1", ["mkfifo", "/tmp/hold"])[0] == 0
+    (cluster.ml_dir("algo-1") / "code" / "requirements.txt").write_text(HOLD_PIP)
+
+
+def wait_linked(processes: dict[str, HostProcess]) -> None:
+    wait_for(
+        lambda: "worker: WAITING -> LINKED" in processes["algo-2"].log.read_text() or None,
+        "the worker to be linked",
+        120,
+    )
+
+
+def test_a_stop_of_the_leader_while_it_prepares(start: Start) -> None:
+    cluster, processes = start(hold_the_leaders_pip)
+    wait_linked(processes)
+    processes["algo-1"].send_signal(signal.SIGTERM)
+    assert {host: process.wait(120) for host, process in processes.items()} == dict.fromkeys(HOSTS, 143)
+    assert failure(cluster, "algo-1").startswith("stopped by SIGTERM before the job started, during pip")
+    gap = (processes["algo-2"].ended or 0.0) - (processes["algo-1"].ended or 0.0)
+    print(f"\na stop: the worker exited {gap:.2f} s after the leader (exit 143)")
+    assert gap < WORKER_BOUND
+
+
+def test_the_leaders_launcher_killed_outright_after_it_reached_the_worker(start: Start) -> None:
+    """SIGKILL to every process of the leader's host: nothing can say `end`; the worker's link closes after
+    `linked` and before `start`, which only the leader's end can do."""
+    cluster, processes = start(hold_the_leaders_pip, launcher_leader_timeout_seconds=600)
+    wait_linked(processes)
+    cluster.host("algo-1").kill_processes(signal.SIGKILL)
+    code = processes["algo-2"].wait(120)
+    assert code == 69
+    assert failure(cluster, "algo-2").startswith(
+        "the leader algo-1 ended before the job started: its link closed"
+    )
+    gap = (processes["algo-2"].ended or 0.0) - (processes["algo-1"].ended or 0.0)
+    print(f"\nthe leader killed: the worker exited {gap:.2f} s after it (exit 69)")
+    assert gap < WORKER_BOUND
+
+
+def test_only_a_worker_that_never_reached_a_leader_waits_its_timeout(start: Start) -> None:
+    cluster, processes = start(down=("algo-1",), launcher_leader_timeout_seconds=5)
+    assert processes["algo-2"].wait(120) == 69
+    waited = (processes["algo-2"].ended or 0.0) - processes["algo-2"].started
+    assert 5.0 <= waited < 120.0
+    assert failure(cluster, "algo-2") == (
+        "the leader algo-1 did not start the job within 5s (launcher_leader_timeout_seconds)"
+    )
