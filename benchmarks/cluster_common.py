@@ -309,10 +309,30 @@ def run_horovodrun(
         argv += ["-H", ",".join(f"{host}:{per_host}" for host in names)]
     if gloo:
         argv.append("--gloo")
-    argv += [PYTHON, *script]
+    return run_from_leader(cluster, [*argv, PYTHON, *script], hosts, timeout, f"horovodrun-{tag}")
+
+
+def run_plain_mpirun(
+    cluster: Cluster, hosts: int, per_host: int, script: list[str], timeout: float, tag: str
+) -> Run:
+    """The floor any MPI launcher pays: Open MPI's mpirun from algo-1, sshd already running on every other
+    host (started outside its time), no launcher; only what a multi-host run on these hosts needs (root,
+    the interface, no core binding: every "host" shares this machine's cores)."""
+    names = cluster.spec.host_names[:hosts]
+    argv = ["mpirun", "--allow-run-as-root", "-np", str(hosts * per_host), "--bind-to", "none"]
+    argv += ["-H", ",".join(f"{host}:{per_host}" for host in names)]
+    argv += ["--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0", "-x", "PATH"]
+    return run_from_leader(cluster, [*argv, PYTHON, *script], hosts, timeout, f"plain-{tag}")
+
+
+def run_from_leader(cluster: Cluster, argv: list[str], hosts: int, timeout: float, tag: str) -> Run:
+    """`argv` from algo-1 (its log: algo-1/<tag>.log), with a test sshd on every other host of the first
+    `hosts` (started before, outside its time); the run ends when it and everything it started on the other
+    hosts have."""
+    names = cluster.spec.host_names[:hosts]
     sshds = start_test_sshds(cluster, names[1:]) if hosts > 1 else []
     try:
-        log = cluster.host_dir("algo-1") / f"horovodrun-{tag}.log"
+        log = cluster.host_dir("algo-1") / f"{tag}.log"
         process = cluster.start("algo-1", argv, log=log, end_host_on_exit=True)
         try:
             code = process.wait(timeout)
@@ -328,7 +348,7 @@ def run_horovodrun(
         if process.left_running:
             run.notes.append(f"algo-1 left: {'; '.join(c[:80] for c in process.left_running)}")
         if sshds:
-            # What horovodrun started on the other hosts (ssh sessions, orted, ranks) must be gone too.
+            # What it started on the other hosts (ssh sessions, orted, ranks) must be gone too.
             listeners = {sshd.host.name: sshd.target_pid() for sshd in sshds}
 
             def others() -> list[int]:
@@ -349,7 +369,7 @@ def run_horovodrun(
                     )
                     run.ended = max(run.ended, time.time())
                 except ClusterError:
-                    run.notes.append(f"{len(others())} process(es) still run 30 s after horovodrun")
+                    run.notes.append(f"{len(others())} process(es) still run 30 s after {argv[0]}")
                     run.ended = float("nan")
         return run
     finally:

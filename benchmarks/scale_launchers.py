@@ -1,7 +1,8 @@
 """How each launcher's start and exit grow with the cluster: 2, 4, 8, 16, 32 simulated hosts, 1 rank per host,
 our `train` (on every host, as SageMaker starts it), `horovodrun` (MPI, from algo-1, a test sshd on every
-other host) and the stock sagemaker-training toolkit's MPI runner (`train` on every host), each with its
-defaults. Needs root.
+other host), the stock sagemaker-training toolkit's MPI runner (`train` on every host), each with its
+defaults, and the floor: `plain`, Open MPI's mpirun from algo-1 with sshd already running on every other host
+and no launcher at all (what any MPI launcher pays). Needs root.
 
 The job: each rank writes its first line of Python, imports TensorFlow and Horovod, calls hvd.init(), does one
 allreduce and exits (`--script mpi4py`: mpi4py instead, for a quick look at the launchers alone). The crash
@@ -23,12 +24,13 @@ Rows (median (min-max) over --repeats runs; the runs of one size are interleaved
   job end -> last host exit: to the last host's own launcher exit (`train` on every host); n/a for
     horovodrun, which has no process per host;
   crash -> last host exit: from the crash to the exit of every launcher process on every host;
+  ours / plain: our launcher's time over the floor's, for start -> first line and job end -> exit;
   memory: MemAvailable's drop during the successful runs, per host (launcher, sshd, orted, the rank).
 Then, per launcher and row, the growth per added host (least-squares slope of the medians against N) and
 per doubling of N (slope against log2 N), and ours / best peer at each size (> 1: ours is better).
 
     .venv/bin/python benchmarks/scale_launchers.py [--hosts 2,4,8,16,32] [--repeats 3]
-        [--launchers ours,horovodrun,toolkit] [--script horovod|mpi4py] [--keep]
+        [--launchers ours,plain,horovodrun,toolkit] [--script horovod|mpi4py] [--keep]
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from cluster_common import (
     median_of,
     reset_outputs,
     run_horovodrun,
+    run_plain_mpirun,
     run_sagemaker,
     say,
     spread,
@@ -63,9 +66,11 @@ from cluster_common import (
 
 from smhvd_sim import Cluster, ClusterSpec
 
-OURS, HOROVODRUN, TOOLKIT = "ours", "horovodrun (MPI)", "toolkit 4.9.0"
-LAUNCHERS = {"ours": OURS, "horovodrun": HOROVODRUN, "toolkit": TOOLKIT}
+OURS, PLAIN, HOROVODRUN, TOOLKIT = "ours", "plain mpirun (floor)", "horovodrun (MPI)", "toolkit 4.9.0"
+LAUNCHERS = {"ours": OURS, "plain": PLAIN, "horovodrun": HOROVODRUN, "toolkit": TOOLKIT}
 PEERS = (HOROVODRUN, TOOLKIT)
+ONE_PROCESS = (PLAIN, HOROVODRUN)  # one process on algo-1, none of their own on the other hosts
+FLOOR_ROWS = ("first", "end_launcher")  # ours / plain at each size
 PROGRAM = "scale_job.py"
 
 # Each rank records epoch times (and its CPU seconds after the imports) in output/data/scale-<rank>.json.
@@ -184,7 +189,11 @@ def run_one(
             run = run_sagemaker(cluster, TOOLKIT_TRAIN, hosts, timeout, leader=toolkit_leader(names))
         else:
             command = [f"/opt/ml/code/{PROGRAM}"] + [f"--{key}={value}" for key, value in args.items()]
-            run = run_horovodrun(cluster, False, hosts, 1, command, timeout, f"{hosts}-{mode}")
+            tag = f"{hosts}-{mode}"
+            if launcher == HOROVODRUN:
+                run = run_horovodrun(cluster, False, hosts, 1, command, timeout, tag)
+            else:
+                run = run_plain_mpirun(cluster, hosts, 1, command, timeout, tag)
     cpu_after = cluster.cpu_seconds()
     run.host_cpu = {host: cpu_after[host] - cpu_before[host] for host in names if host in cpu_before}
     return run, rank_records(cluster, hosts), memory.peak_mib
@@ -207,8 +216,9 @@ def measure(results: Results, launcher: str, hosts: int, mode: str, run: Run, re
         cpus = [r["import_cpu"] for r in records if "import_cpu" in r]
         add("import_wall", statistics.median(walls) if walls else float("nan"))
         add("import_cpu", statistics.median(cpus) if cpus else float("nan"))
-        # horovodrun: its own exit or the end of what it left on other hosts; ours, the toolkit: the leader's
-        add("end_launcher", (run.ended if launcher == HOROVODRUN else run.launcher_ended) - last_end)
+        # horovodrun, plain: its own exit or the end of what it left on other hosts; ours, the toolkit: the
+        # leader's
+        add("end_launcher", (run.ended if launcher in ONE_PROCESS else run.launcher_ended) - last_end)
         if run.host_ends:
             add("end_hosts", max(run.host_ends.values()) - last_end)
         add("memory", memory / hosts)
@@ -273,6 +283,15 @@ def ratio(results: Results, row: str, hosts: int) -> str:
     return f"{min(peers) / ours:.2f}"
 
 
+def over_floor(results: Results, row: str, hosts: int) -> str:
+    """Ours / plain mpirun's median (1.00: ours costs what mpirun alone does)."""
+    ours = median_of(results.get(row, OURS, hosts))
+    floor = median_of(results.get(row, PLAIN, hosts))
+    if ours is None or floor is None or floor <= 0:
+        return "-"
+    return f"{ours / floor:.2f}"
+
+
 def report(results: Results, launchers: Sequence[str], sizes: Sequence[int], script: str) -> None:
     say(f"\nScaling, 1 rank per host, script {script!r}: {conditions()}")
     say(
@@ -287,7 +306,7 @@ def report(results: Results, launchers: Sequence[str], sizes: Sequence[int], scr
     for row, title in ROWS.items():
         lines = [[title, *(f"{n} hosts" for n in sizes), "growth"]]
         for launcher in launchers:
-            if row == "end_hosts" and launcher == HOROVODRUN:
+            if row == "end_hosts" and launcher in ONE_PROCESS:
                 lines.append([launcher, *("n/a (no per-host process)" for _ in sizes), "n/a"])
                 continue
             cells = [spread(results.get(row, launcher, n), digits.get(row, 2)) for n in sizes]
@@ -296,10 +315,12 @@ def report(results: Results, launchers: Sequence[str], sizes: Sequence[int], scr
             lines.append(
                 [launcher, *cells, growth(results, row, launcher, sizes) if row in TIME_ROWS else ""]
             )
-        if row in TIME_ROWS and OURS in launchers and len(launchers) > 1:
+        if row in TIME_ROWS and OURS in launchers and any(peer in launchers for peer in PEERS):
             lines.append(
                 ["ours / best peer (> 1: ours better)", *(ratio(results, row, n) for n in sizes), ""]
             )
+        if row in FLOOR_ROWS and OURS in launchers and PLAIN in launchers:
+            lines.append(["ours / plain (1: the floor)", *(over_floor(results, row, n) for n in sizes), ""])
         if len(lines) > 1:
             say("")
             say(table(lines))
