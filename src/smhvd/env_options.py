@@ -1,11 +1,7 @@
-"""The launcher's own environment variables (set in the image, or with the estimator's `environment=`), each
-declared once as the hyperparameter options are (option_spec.py): its name, type, default, reader and bounds,
-and its line in docs/configuration.md's generated table (`python -m smhvd_dev.option_docs`).
-
-`train` reads them all when it starts (cli.py: a bad value is exit 78 before anything else); the processes it
-starts inherit them and read their own with `read_env_options` (the rank wrapper: the ssh port that names its
-worker's directory and how long it waits for its host's environment). Low on purpose: the rank imports this,
-not the job's configuration.
+"""The launcher's own environment variables, each declared once as the hyperparameter options are
+(option_spec.py, with its line in docs/configuration.md's generated table). `train` reads them all at start
+(a bad value: 78 before anything else); the rank reads its own (the ssh port that names its worker's
+directory, how long it waits for its host's environment). Low on purpose: the rank imports this.
 """
 # ruff: noqa: RUF009 (option() is a dataclasses.field with the declaration in its metadata, not a default)
 

@@ -50,23 +50,24 @@ def host_env(
     return env
 
 
-def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) -> dict[str, str]:
-    """Every SM_* variable for a process of this job on this host."""
-    paths = job.paths
-    hps = job.user_hyperparameters
-    channels = {c.name: str(paths.channel_dir(c.name)) for c in job.channels}
+def _log_level(job: Job) -> int:
     given = job.options.program.log_level  # 0 (logging.NOTSET) is a level, not a missing one
-    log_level = 20 if given is None else given
-    summary: dict[str, object] = {
-        "channel_input_dirs": channels,
+    return 20 if given is None else given
+
+
+def _summary(job: Job, entry_point: str, module_dir: str) -> dict[str, object]:
+    """SM_TRAINING_ENV (less what host_env adds: this host's own values)."""
+    paths = job.paths
+    return {
+        "channel_input_dirs": {c.name: str(paths.channel_dir(c.name)) for c in job.channels},
         "current_host": job.resources.current_host,
         "hosts": list(job.resources.hosts),
-        "hyperparameters": dict(hps),
+        "hyperparameters": dict(job.user_hyperparameters),
         "input_config_dir": str(paths.config_dir),
         "input_data_config": dict(job.raw_input_data),
         "input_dir": str(paths.input_dir),
         "job_name": job.options.program.job_name,
-        "log_level": log_level,
+        "log_level": _log_level(job),
         "model_dir": str(paths.model_dir),
         "module_dir": module_dir,
         "module_name": Path(entry_point).stem,
@@ -78,6 +79,13 @@ def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) ->
         "resource_config": dict(job.raw_resources),
         "user_entry_point": entry_point,
     }
+
+
+def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) -> dict[str, str]:
+    """Every SM_* variable for a process of this job on this host."""
+    paths = job.paths
+    hps = job.user_hyperparameters
+    channels = {c.name: str(paths.channel_dir(c.name)) for c in job.channels}
     env = {
         "SAGEMAKER_BASE_DIR": str(paths.base),
         "SM_HOSTS": _json(list(job.resources.hosts)),
@@ -92,7 +100,7 @@ def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) ->
         "SM_INPUT_CONFIG_DIR": str(paths.config_dir),
         "SM_INPUT_DATA_CONFIG": _json(dict(job.raw_input_data)),
         "SM_CHECKPOINT_DIR": str(paths.checkpoint_dir),
-        "SM_LOG_LEVEL": str(log_level),
+        "SM_LOG_LEVEL": str(_log_level(job)),
         "SM_USER_ENTRY_POINT": entry_point,
         "SM_MODULE_NAME": Path(entry_point).stem,
         "SM_MODULE_DIR": module_dir,
@@ -107,5 +115,6 @@ def training_env(job: Job, code_dir: Path, entry_point: str, module_dir: str) ->
         env[f"SM_HP_{_env_name(key)}"] = to_env_value(value)
     env.update(job.script_env)  # SDK v3's SM_MASTER_ADDR, SM_DISTRIBUTED_CONFIG, ...
     env.update(group_env(job.resources, job.placement or Placement(job.resources.hosts, None, ())))
+    summary = _summary(job, entry_point, module_dir)
     env.update(host_env(job.resources, job.raw_resources, job.hardware.cpus, job.hardware.gpus, summary))
     return env

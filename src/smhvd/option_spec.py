@@ -1,14 +1,10 @@
 """How an option is declared: once, as a field of its frozen options dataclass, and how its value is read.
 
-`timeline: bool = option("horovod_timeline", False, flag, "Horovod timeline ...", sets=(...))` says
-everything about it: its key (a hyperparameter, or an environment variable: env_options.py), the field's type
-(its annotation), the default, how the value is read and bounded (a reader below, e.g. `integer(1, 1024)`),
-the variables it sets on every rank, and one line for the docs tables. `read_options` builds the dataclass
-from the hyperparameters (or the environment), `option_env` gives the variables, and `declarations` lists them
-for the docs (dev/smhvd_dev/option_docs.py writes the tables).
-A field without a declaration is not an option (the loader sets it, e.g. SDK v3's requirements file).
-
-The lowest layer (it knows nothing of the job): the rank wrapper reads its environment options with it too.
+`timeline: bool = option("horovod_timeline", False, flag, "Horovod timeline ...", sets=(...))`: its key (a
+hyperparameter, or an environment variable: env_options.py), type, default, reader and bounds, the variables
+it sets on every rank, and its docs line. `read_options` builds the dataclass, `option_env` gives the
+variables, `declarations` lists them for the docs (dev/smhvd_dev/option_docs.py). A field without a
+declaration is set by the loader. The lowest layer: the rank reads its environment options with it too.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
-"""The rank wrapper: `python -m smhvd.rank -- PROGRAM ARGS`, or under mpirun `python -m smhvd.rank` with the
-argv in SMHVD_RANK_ARGV (so that no user value is ever parsed by mpirun); started by mpirun for every rank.
+"""The rank wrapper mpirun starts for every rank: `python -m smhvd.rank`, the program's argv in
+SMHVD_RANK_ARGV (no user value is parsed by mpirun), or `python -m smhvd.rank -- PROGRAM ARGS`.
 
-- Takes this host's own environment from its `train` (hostenv/client.py; hostenv/server.py serves it): the
-  container's variables and its own SM_* values (mpirun forwards the leader's), so each rank sees its own
-  SM_CURRENT_HOST and what SageMaker set in its container. Only the `train` that started this rank is
-  trusted. Without it the rank does not start (exit 69, one line naming why).
-- Passes the program's stdout and stderr on in whole lines, each tagged with its rank and host unless
-  launcher_tag_output is false, lines in progress (progress bars) shown while they run (mpi/lines.py). Under
-  the launcher it writes them, its start and, when the program fails, the failure with the tail of the
-  program's stderr, as frames on its own stderr (wire.py), which the leader reassembles (mpi/output.py): no
-  line is cut by another rank's, whatever its size, and nothing waits for mpirun to read.
-- Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP to the program. A stop request (SIGTERM or SIGINT) that
-  ends the program counts as a clean exit, so mpirun does not kill the other ranks while they checkpoint.
-- The program dies with the wrapper (PR_SET_PDEATHSIG): nothing outlives a killed rank. The rank ends when
-  the program exits: whatever it left running (even holding its stdout/stderr) is killed then.
+- Takes its host's own environment from the `train` that started it (hostenv/client.py): each rank sees its
+  own SM_CURRENT_HOST and its container's variables; without it the rank does not start (69, one line).
+- Passes the program's output on as whole tagged lines (mpi/lines.py), under the launcher as frames on its
+  stderr with its start and failure reports (wire.py), which the leader joins again (mpi/output.py).
+- Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP; a stop that ends the program is a clean exit (mpirun does
+  not kill the others while they checkpoint). The program dies with the wrapper, and what it left running
+  is killed when it exits.
 """
 
 from __future__ import annotations
@@ -28,6 +22,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import replace
 
 from smhvd import wire
 from smhvd.env_options import read_env_options
@@ -56,7 +51,7 @@ from smhvd.wire import (
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 # Stop requests (SageMaker's SIGTERM that mpirun passes on, Ctrl-C): a program they end exits cleanly.
 STOP_REQUESTS = (signal.SIGTERM, signal.SIGINT)
-TAIL_BYTES = 8192
+TAIL_BYTES = 8192  # of the program's stderr, the end kept for a failure report
 
 
 def local_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -75,44 +70,6 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
 def _identity(env: Mapping[str, str]) -> tuple[int | None, str | None]:
     rank = env.get("OMPI_COMM_WORLD_RANK") or env.get("PMIX_RANK")
     return (int(rank) if rank and rank.isdigit() else None), env.get("SM_CURRENT_HOST")
-
-
-def follow(
-    proc: subprocess.Popen[bytes],
-    on_output: Callable[[int, bytes], object],
-    next_due: Callable[[], float | None] = lambda: None,
-    on_due: Callable[[], object] = lambda: None,
-) -> None:
-    """Pass the program's stdout and stderr to `on_output(fd, chunk)` as they come, and call `on_due` once
-    `next_due()` (time.monotonic()) has come, until the program exits (proc/loop.follow_output: not until
-    every copy of its pipes closes), then what is already in the pipes, bounded."""
-    timers = Timers()
-    due_timer = Timer("a line in progress is due")
-    armed: float | None = None  # the deadline the timer is set for
-
-    def arm() -> None:
-        nonlocal armed
-        due = next_due()
-        if due == armed:
-            return
-        armed = due
-        if due is None:
-            timers.cancel(due_timer)
-        else:
-            timers.at(due_timer, due, fire)
-
-    def fire() -> None:
-        nonlocal armed
-        armed = None
-        on_due()
-        arm()
-
-    def output(fd: int, chunk: bytes) -> None:
-        on_output(fd, chunk)
-        arm()
-
-    fds = [f.fileno() for f in (proc.stdout, proc.stderr) if f is not None]
-    follow_output(proc.pid, fds, output, timers)
 
 
 class Sink:
@@ -146,15 +103,50 @@ def not_run(why: str, code: int, rank: int | None, host: str | None, sink: Sink)
     return code
 
 
-class Tail:
-    """The last `limit` bytes of a stream."""
+class Streams:
+    """The program's stdout and stderr as lines to the sink (mpi/lines.py), lines in progress shown when due
+    (a timer), and the end of its stderr kept for a failure report."""
 
-    def __init__(self, limit: int = TAIL_BYTES) -> None:
-        self.limit = limit
-        self.data = b""
+    def __init__(self, proc: subprocess.Popen[bytes], prefix: Callable[[str], bytes], sink: Sink) -> None:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        self.proc, self.sink, self.err = proc, sink, proc.stderr.fileno()
+        self.streams = {
+            proc.stdout.fileno(): (Lines(prefix("stdout")), (wire.STDOUT, wire.STDOUT_PIECE)),
+            self.err: (Lines(prefix("stderr")), (wire.STDERR, wire.STDERR_PIECE)),
+        }
+        self.tail = b""
+        self.timers, self.due_timer = Timers(), Timer("a line in progress is due")
+        self.armed: float | None = None  # the deadline the timer is set for
 
-    def add(self, chunk: bytes) -> None:
-        self.data = (self.data + chunk)[-self.limit :]
+    def follow(self) -> None:
+        """Until the program exits (proc/loop.follow_output: not until every copy of its pipes closes), then
+        what is already in its pipes, bounded, and the unfinished last lines."""
+        follow_output(self.proc.pid, list(self.streams), self._output, self.timers)
+        for lines, kinds in self.streams.values():
+            self.sink.out(kinds, lines.finish())
+
+    def _output(self, fd: int, chunk: bytes) -> None:
+        lines, kinds = self.streams[fd]
+        self.sink.out(kinds, lines.feed(chunk, time.monotonic()))
+        if fd == self.err:
+            self.tail = (self.tail + chunk)[-TAIL_BYTES:]
+        self._arm()
+
+    def _arm(self) -> None:
+        due = min((d for lines, _ in self.streams.values() if (d := lines.due) is not None), default=None)
+        if due != self.armed:
+            self.armed = due
+            if due is None:
+                self.timers.cancel(self.due_timer)
+            else:
+                self.timers.at(self.due_timer, due, self._progress)
+
+    def _progress(self) -> None:
+        self.armed, now = None, time.monotonic()
+        for lines, kinds in self.streams.values():
+            self.sink.out(kinds, lines.progress(now))
+        self._arm()
 
 
 def run(program: list[str]) -> int:
@@ -164,76 +156,34 @@ def run(program: list[str]) -> int:
         env = local_env(os.environ)
     except LauncherError as exc:  # no host environment: not SM_CURRENT_HOST, that would be the leader's
         return not_run(str(exc), exc.exit_code, _identity(os.environ)[0], socket.gethostname(), sink)
-    stop_requested = False
     rank, host = _identity(env)  # this host's own SM_CURRENT_HOST
+    pipe = subprocess.PIPE
     try:
-        proc = subprocess.Popen(
-            program,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            preexec_fn=rank_program_preexec,  # noqa: PLW1509
-        )
+        proc = subprocess.Popen(program, env=env, stdout=pipe, stderr=pipe, preexec_fn=rank_program_preexec)  # noqa: PLW1509
     except (FileNotFoundError, PermissionError) as exc:
         return not_run(f"cannot run {program[0]}: {exc.strerror}", EX_NOT_STARTED, rank, host, sink)
     sink.send(wire.START, RankStart(rank, host, at=time.time()).to_json())  # for the job summary
+    stops: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
-        nonlocal stop_requested
-        if signum in STOP_REQUESTS:
-            stop_requested = True
+        stops.extend([signum] if signum in STOP_REQUESTS else [])
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, forward)
-
     tagged = env.get(TAG_OUTPUT, "1") != "0"
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    err_fd = proc.stderr.fileno()
-    streams = {
-        proc.stdout.fileno(): (
-            Lines(tag(rank, host, "stdout") if tagged else b""),
-            (wire.STDOUT, wire.STDOUT_PIECE),
-        ),
-        err_fd: (Lines(tag(rank, host, "stderr") if tagged else b""), (wire.STDERR, wire.STDERR_PIECE)),
-    }
-    tail = Tail()
-
-    def output(fd: int, chunk: bytes) -> None:
-        lines, kinds = streams[fd]
-        sink.out(kinds, lines.feed(chunk, time.monotonic()))
-        if fd == err_fd:
-            tail.add(chunk)
-
-    def next_due() -> float | None:
-        return min((d for lines, _ in streams.values() if (d := lines.due) is not None), default=None)
-
-    def progress() -> None:
-        now = time.monotonic()
-        for lines, kinds in streams.values():
-            sink.out(kinds, lines.progress(now))
-
-    with proc.stdout, proc.stderr:
-        follow(proc, output, next_due, progress)
-        for lines, kinds in streams.values():
-            sink.out(kinds, lines.finish())
+    streams = Streams(proc, lambda stream: tag(rank, host, stream) if tagged else b"", sink)
+    with proc.stdout, proc.stderr:  # type: ignore[union-attr]
+        streams.follow()
     code = proc.wait()
     # The job's end is the program's exit: what it left running (a child holding its stdout or stderr, which
     # mpirun would wait for) is killed now. This wrapper is their subreaper, so daemons are found too.
     kill_descendants()
-
-    if code == 0 or (stop_requested and -code in STOP_REQUESTS):
+    if code == 0 or (stops and -code in STOP_REQUESTS):
         return 0
-    failure = RankFailure(
-        rank=rank,
-        host=host,
-        exit_code=code if code > 0 else None,
-        signal=-code if code < 0 else None,
-        stderr_tail=tail.data.decode(errors="replace"),
-    )
-    sink.send(wire.FAILURE, failure.to_json())
+    failure = RankFailure(rank, host, code if code > 0 else None, -code if code < 0 else None)
+    sink.send(wire.FAILURE, replace(failure, stderr_tail=streams.tail.decode(errors="replace")).to_json())
     if code < 0:  # die the same way, so mpirun reports the signal
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(-code, signal.SIG_DFL)

@@ -1,10 +1,6 @@
-"""`python -m smhvd.s3_download S3_URI FILE [REGION]`: download one object (the training code's .tar.gz).
-
-sourcecode.py runs this as a child process: boto3 downloads in threads that a signal cannot interrupt, and an
-endpoint that stops answering holds them for minutes, so a stop during the download ends this process (and
-every thread with it) instead. The endpoint is boto3's own choice (AWS_ENDPOINT_URL_S3 is honoured).
-Exit 0, or 66 with one line on stderr saying why.
-"""
+"""`python -m smhvd.s3_download S3_URI FILE [REGION]`: download the code's .tar.gz, as a child process:
+boto3's threads cannot be interrupted by a signal, and a stop must end the download at once. Exit 0, or 66
+with one line on stderr saying why (AWS_ENDPOINT_URL_S3 is honoured)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
 """What the launcher's processes tell each other through mpirun and the environment, in one place (the two
-cross-host protocols keep their formats in their own homes: the leader-worker link in link/, a host's
-environment for its ranks in hostenv/):
-
-- the rank wrapper to the leader, in mpirun's stderr: frames (below) that carry its program's stdout and
-  stderr, its start (RankStart) and its failure (RankFailure), reassembled by the leader (mpi/output.py;
-  why: docs/output.md);
-- the leader to each rank, in the environment: the program's argv (RANK_ARGV), whether lines are tagged
-  (TAG_OUTPUT), whether to write frames (OUTPUT_CHANNEL) and the directory from which the rank's host serves
-  its environment (HOSTENV_SERVED_FROM); the variables set for the job that `train` and its ranks both read
-  are env_options.py's;
-- the leader's pre-flight probe and its findings (PREFLIGHT_*).
-"""
+cross-host protocols keep theirs in link/ and hostenv/): the rank wrapper's frames in mpirun's stderr (its
+program's lines, its start and failure, joined by the leader: mpi/output.py, docs/output.md); the program's
+argv (RANK_ARGV), TAG_OUTPUT, OUTPUT_CHANNEL and HOSTENV_SERVED_FROM in the ranks' environment; the
+pre-flight's spec and marks. The variables `train` and its ranks both read are env_options.py's."""
 
 from __future__ import annotations
 

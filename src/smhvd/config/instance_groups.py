@@ -1,18 +1,10 @@
 """Heterogeneous clusters: which hosts run the MPI job, and what the others do.
 
-The SDK's `instance_groups=[...]` with `distribution={"mpi": ..., "instance_groups": [group, ...]}`
-becomes the hyperparameter `sagemaker_distribution_instance_groups` (a JSON list of group names) and
-resourceconfig's `instance_groups` + `current_group_name`. MPI runs over the hosts of those groups only; the
-leader is the first of them, sorted. A host of any other group does what the sagemaker-training toolkit
-does for it (trainer.py: `RunnerType.MPI if mpi_enabled and current_instance_group in
-distribution_instance_groups else RunnerType.Process`): it runs the entry point once, as a plain process
-(e.g. a tf.data service feeding the GPU group). Unlike the toolkit's, such a host also ends with the job:
-the leader tells it the job's end over the same link as its MPI workers, its script is stopped if still
-running, and it exits with the job's code (or at once with its script's own code when that fails).
-
-Without instance groups in resourceconfig (older files, SDK local mode), or without the hyperparameter, MPI
-runs over every host (the toolkit would run one MPI job per group; one job over all hosts is what users
-mean).
+`distribution={"mpi": ..., "instance_groups": [group, ...]}` becomes `sagemaker_distribution_instance_groups`
+and resourceconfig's `instance_groups` + `current_group_name`. MPI runs over those groups' hosts only (the
+leader the first of them, sorted); a host of another group runs the entry point once as a plain process, as
+the toolkit does (trainer.py), and, unlike the toolkit's, ends with the job (the leader's link tells it).
+Without instance groups or the hyperparameter, MPI runs over every host.
 """
 
 from __future__ import annotations

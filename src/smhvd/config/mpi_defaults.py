@@ -1,9 +1,6 @@
-"""The launcher's mpirun defaults, declared once: each one's name, its arguments and when it applies.
-
-The name is what `launcher_drop_mpi_defaults` takes (launcher_options validates it here, in the config layer)
-and what a user's own option replaces, as do the options declared beside it that Open MPI refuses with it
-(`overridden_names`); mpi/command.default_options gives the arguments for a plan, filling `{interface}`,
-`{ssh_config}` and `{hosts}` from it.
+"""The launcher's mpirun defaults, declared once: each one's name (what `launcher_drop_mpi_defaults` takes and
+what a user's option, or one Open MPI refuses beside it, replaces: `overridden_names`), its arguments and when
+it applies (mpi/command.default_options fills `{interface}`, `{ssh_config}`, `{hosts}`).
 """
 
 from __future__ import annotations

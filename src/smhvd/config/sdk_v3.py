@@ -1,24 +1,16 @@
 """SageMaker Python SDK v3 (`sagemaker.train.ModelTrainer`): run its `source_code` jobs through this launcher.
 
-What v3 does (sagemaker-train 1.27.0, sagemaker/train/model_trainer.py, templates.py, constants.py):
-- with `source_code`, the container's entrypoint becomes `/bin/bash -c "chmod +x <drivers>/sm_train.sh &&
-  <drivers>/sm_train.sh"` (the image's ENTRYPOINT/CMD are not used), and an input channel `sm_drivers`
-  (/opt/ml/input/data/sm_drivers) carries sm_train.sh, the driver scripts, `sourcecode.json` (SourceCode's
-  fields: source_dir, requirements, entry_script, command, args, ignore_patterns) and `distributed.json`
-  (MPI: {"process_count_per_node": N or null, "mpi_additional_options": [argv tokens] or null}; `{}` without
-  `distributed`). The code is the channel `code` (/opt/ml/input/data/code; a source_dir ending in .tar.gz
-  arrives as that one file). Hyperparameters are strings as given, other values JSON (safe_serialize).
-- sm_train.sh then runs its mpi_driver.py (paramiko and sshd, `mpirun -np <process_count_per_node>`: one
-  host's worth of processes for the whole job), or basic_script_driver.py (the script once per host), or
-  `eval` of SourceCode.command.
-- without `source_code`, none of this exists: the container runs as for any other SDK (`train`, user
-  hyperparameters), and `distributed=` is refused by the SDK itself.
-
-The image's BASH_ENV (docker/scripts/sdk-v3-bash-env.sh) turns exactly that bash command into `train`; this
-module reads the drivers channel, config/job.py's load_job makes it part of the one Job (options, the script's
-arguments and variables as v3's drivers give them), and the launcher then runs the entry script as it runs any
-job: MPI over all hosts (process_count_per_node on each), its fast exits, failure file and exit codes. What it
-does not run itself (SourceCode.command, Torchrun) goes back to v3's own sm_train.sh, unchanged.
+What v3 does (sagemaker-train 1.27.0: model_trainer.py, templates.py, constants.py): with `source_code`, the
+entrypoint becomes `/bin/bash -c "chmod +x <drivers>/sm_train.sh && <drivers>/sm_train.sh"`, and a channel
+`sm_drivers` carries sm_train.sh, the driver scripts, `sourcecode.json` (source_dir, requirements,
+entry_script, command, args, ignore_patterns) and `distributed.json` (MPI: process_count_per_node,
+mpi_additional_options as argv tokens; `{}` without `distributed`); the code is the channel `code` (a
+source_dir .tar.gz arrives as that file); hyperparameters are strings as given, other values JSON.
+sm_train.sh runs mpi_driver.py (`mpirun -np <process_count_per_node>`: one host's processes for the whole
+job), basic_script_driver.py (once per host) or `eval` of SourceCode.command. The image's BASH_ENV
+(docker/scripts/sdk-v3-bash-env.sh) turns that command into `train`; this module reads the drivers channel
+into the one Job (config/job.py), which runs as any job. What it does not run (SourceCode.command,
+Torchrun) goes back to v3's own sm_train.sh.
 """
 
 from __future__ import annotations

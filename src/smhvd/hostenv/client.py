@@ -1,10 +1,7 @@
-"""A rank's side of its host's environment (`train`'s side, and why: hostenv/server.py).
-
-The rank wrapper (rank.py) finds where its own host's `train` holds it (`rank_directory`: the leader's
-directory, or its worker's, named after its SMHVD_SSH_PORT), reads it once (`fetch`: only from the `train`
-that started it, retried within its SMHVD_HOSTENV_TIMEOUT while there is none yet) and merges (`merge`). A
-rank that cannot have it fails with one line (HostEnvUnavailable): it never runs with another host's
-identity. Low on purpose: the rank imports this, not the roles nor the job's configuration.
+"""A rank's side of its host's environment: where its `train` holds it (`rank_directory`: the leader's
+directory, or its worker's, named after SMHVD_SSH_PORT), read only from the `train` that started it (`fetch`,
+retried within SMHVD_HOSTENV_TIMEOUT while there is none yet), merged (`merge`). Without it a rank fails in
+one line (HostEnvUnavailable). Low on purpose: the rank imports neither the roles nor the job's configuration.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""Each host's own environment for the ranks that mpirun starts there: `train`'s side.
+"""Each host's own environment for the ranks mpirun starts there: `train`'s side.
 
-mpirun starts the ranks on the leader's host itself, with the leader's environment. On every other host they
-are started by orted over ssh, whose session has none of what SageMaker set in that container (the estimator's
-`environment=`, AWS_ENDPOINT_URL_S3, ...): only the variables mpirun forwards by name. So every host's
-`train` holds the environment it computed for ranks on its host (its container's variables, less credentials
-unless launcher_forward_aws_credentials, plus its own SM_* values), and the rank wrapper reads it once at
-start and merges: the host's environment below, the leader's forwarded variables (the job's decisions) above
-it, and the host's own per-host SM_* values on top (hostenv/client.py).
-
-`train` claims a private directory (`claimed`: hostenv/trust.py says who may trust it) and writes its pid
-there; `serving` then puts the environment in a sealed memfd that only `train` holds (nothing on disk, gone
-with the process) and writes that fd's number beside the pid. A rank reads it through /proc/PID/fd: what it
-reads is what that process holds, whoever could write in the directory; no process has to answer, so a
-rank is served whatever `train` is doing. A worker's link socket (link/listen.py) lives in the same
-directory.
+On other hosts than the leader's, ranks are started by orted over ssh, with none of what SageMaker set in
+that container: only what mpirun forwards. So every `train` holds the environment it computed for its host's
+ranks (its container's variables, less credentials unless launcher_forward_aws_credentials, and its own SM_*
+values), and each rank reads and merges it (hostenv/client.py). `claimed` makes `train`'s private directory
+(hostenv/trust.py) with its pid; `serving` puts the environment in a sealed memfd only `train` holds (nothing
+on disk, gone with it) and its fd's number beside the pid: a rank reads what that process holds, whoever
+could write in the directory, and needs no answer from it, whatever `train` is doing.
 """
 
 from __future__ import annotations

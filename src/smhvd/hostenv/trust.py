@@ -1,16 +1,12 @@
 """Whom a process may trust on its own host: `train`'s private directory, the pid written there, what that
-process holds, and the kernel's word on who is at the other end of a unix socket.
+process holds, and the kernel's word on the other end of a unix socket.
 
-Each host's `train` holds its ranks' environment (hostenv/server.py) and, on a worker, listens for the
-leader's link (link/listen.py, link/relay.py) in a directory it creates itself, owned by its user with mode
-0700, under /run for root (a directory only root may write) or /tmp otherwise, named after the user and the
-job's port; it writes its pid there. A client trusts the directory only if it has exactly that owner and
-mode, and then only that pid: the environment is read from what that process holds (/proc/PID/fd, a sealed
-memfd: hostenv/client.py), the link's socket only if the kernel says (SO_PEERCRED) its other end is that pid
-of this uid; and for a rank or the relay, that pid must be one of its own ancestors (the `train` that started
-it: `train` is a child subreaper, so its ranks stay below it on every host). A squatter of another user
-cannot create or enter the directory; one that created it first is refused by name, by `train` and by its
-clients alike; a process of the same user that is not the client's `train` is refused by pid.
+`train` makes the directory itself (owner its user, mode 0700, under /run for root, else /tmp, named after
+the user and the job's port) and writes its pid there. A client trusts it only with exactly that owner and
+mode, then only that pid: for a rank or the relay, one of its own ancestors (`train` is a child subreaper).
+The environment is read from what that pid holds (hostenv/client.py), the link's socket only when SO_PEERCRED
+says its other end is that pid. Another user cannot enter the directory; one that made it first is refused
+by `train` and its clients; a process of the same user that is not the client's `train` is refused by pid.
 """
 
 from __future__ import annotations

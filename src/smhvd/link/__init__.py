@@ -1,16 +1,11 @@
-"""The leader-worker link, and its format: how a worker learns that the job started and how it ended.
+"""The leader-worker link and its words: how a worker learns that the job started and how it ended.
 
-Every worker runs sshd and listens on a unix socket in its `train`'s private directory from the moment `train`
-starts, before the code is fetched (link/listen.py). The leader reaches every worker at once from its own
-start (link/connect.py), one ssh session each, running the relay (link/relay.py: started so that nothing
-but it can print, it joins the session to the worker's socket and says READY). Both prepare the job
-meanwhile, and each hears the other's end at once: a worker that ends before the start closes its link, and
-the leader that ends before the start says `end` to every worker it reached.
-
-The leader's words are JSON lines, one Event each: `linked` once it took the session as its link (a session
-that closes before it was an attempt the leader gave up), `start` before mpirun starts, `alive` every
-HEARTBEAT_INTERVAL while it runs, `stop` when the leader was stopped, and `end` with the job's exit code and
-reason. What each word, a closed link or a silence means depends on where the worker is: roles/worker.py.
+From `train`'s start each worker listens in its private directory (link/listen.py) and the leader reaches
+every worker over ssh (link/connect.py) with a relay (link/relay.py), while both prepare the job: an end on
+either side before the start reaches the other at once. The leader's words are JSON lines, one Event each:
+`linked` (it took this session as its link: one closed before that was an attempt it gave up), `start`,
+`alive` every HEARTBEAT_INTERVAL while the job runs, `stop`, and `end` with the exit code and reason. What
+each means to a worker, in each of its states: roles/worker.py.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
-"""The leader's side of the link: reach every worker, from the leader's start, while the job is prepared.
+"""The leader's side of the link: every worker reached at once, from the leader's start, while it prepares
+the job (its steps' waits run the same loop), so N workers cost about one worker's latency, and nothing polls.
 
-Every worker is reached at once, on the process's one event loop (proc/loop.py), while the leader's own
-preparation runs (code, pip, the EFA probe: their waits run the same loop), so N workers cost about one
-worker's latency, not N, and nothing polls:
-- readiness is probed cheaply first: a non-blocking TCP connect to the worker's sshd port (a writer on the
-  loop, its answer read with SO_ERROR, PROBE_TIMEOUT a timer), again after probe_delay while it is refused:
-  an ssh attempt against a closed port would still cost a process, and a handshake costs the leader's CPU.
-  The name lookup before it is the one blocking call (getaddrinfo has no non-blocking form): /etc/hosts or a
-  resolver answers it in about a millisecond; a resolver that does not answer holds up the loop for its
-  timeout (an ssh to that host would wait as long);
-- an open port gets an ssh attempt running the relay (link/relay.py), at most MAX_SSH_IN_FLIGHT at once: its
-  output a reader, where READY is looked for whatever comes before it (kept bounded: only what could still
-  be the start of READY, and the attempt's last words for its error), its exit a pidfd, ATTEMPT_TIMEOUT a
-  timer; a failed one is retried after retry_delay (the port probed first). The leader's `linked` goes to
-  the worker as soon as READY came;
-- until the job starts, a link that closes is a worker that ended before it: PeerError, raised wherever the
-  leader waits (its `end` then reaches every other worker); once it runs, that is mpirun's to see;
-- the overall deadline is a timer; `wait` reads the caller's SignalWatch: a stop signal ends it at once;
-- `close` hangs up on every worker first, then waits for all (their pidfds), under one deadline.
+- A worker's sshd port is probed first with a non-blocking TCP connect (PROBE_TIMEOUT), again after
+  probe_delay while refused: an ssh attempt against a closed port would cost a process and a handshake. The
+  name lookup before it is the one blocking call (getaddrinfo has no non-blocking form).
+- An open port gets an ssh attempt running the relay (link/relay.py), at most MAX_SSH_IN_FLIGHT at once: its
+  output is searched for READY whatever comes first, in bounded memory (`Said`), its exit is a pidfd,
+  ATTEMPT_TIMEOUT a timer; a failed one is retried after retry_delay. READY links the worker: `linked`.
+- Until the job starts, a link that closes is a worker that ended: PeerError, raised through whatever wait
+  runs the loop; once it runs, that is mpirun's to see. The overall deadline is a timer.
+- `close` hangs up on every worker first, then waits for all (their pidfds) under one deadline.
 """
 
 from __future__ import annotations
@@ -46,11 +38,9 @@ from smhvd.proc.signals import SignalWatch
 from smhvd.proc.timers import Timer, Timers
 
 log = logging.getLogger("smhvd")
-
 ATTEMPT_TIMEOUT = 15.0  # one ssh attempt: connect + start the relay
 PROBE_TIMEOUT = 2.0  # one TCP connect to a worker's sshd port
-PROBE_FIRST = 0.05  # the first re-probe of a refused port; then x1.6 up to PROBE_MAX
-PROBE_MAX = 0.25  # a worker whose sshd starts is noticed within this (plus one probe)
+PROBE_FIRST, PROBE_MAX = 0.05, 0.25  # re-probes of a refused port: x1.6 from the first, up to the most
 MAX_SSH_IN_FLIGHT = 64  # ssh attempts at once (each is a process and a handshake on the leader)
 CLOSE_TIMEOUT = 5.0
 SAID_KEPT = 4096  # of what an attempt printed before READY, at most this much is kept (its last words)
@@ -64,8 +54,7 @@ class WorkerLink:
     """One open ssh session to a worker's relay."""
 
     def __init__(self, host: str, proc: subprocess.Popen[bytes]) -> None:
-        self.host = host
-        self.proc = proc
+        self.host, self.proc = host, proc
 
     def send(self, event: Event) -> bool:
         assert self.proc.stdin is not None
@@ -90,8 +79,7 @@ def ssh_command(ssh_config: Path, host: str, remote: Sequence[str]) -> list[str]
 
 
 def close_all(links: Sequence[WorkerLink], timeout: float = CLOSE_TIMEOUT) -> None:
-    """Hang up on every link first, then wait for all sessions to end (a pidfd each, on the process's loop)
-    under one deadline; what is left is killed."""
+    """Hang up on every link, then wait for their ends (a pidfd each) under one deadline; kill the rest."""
     for link in links:
         link.hang_up()
     wait_exits([link.proc.pid for link in links if link.proc.poll() is None], timeout)
@@ -105,26 +93,22 @@ def close_all(links: Sequence[WorkerLink], timeout: float = CLOSE_TIMEOUT) -> No
 
 
 class Said:
-    """What an attempt printed, looked through for READY as it comes, in bounded memory: only the bytes that
-    could still be the start of READY, and the last SAID_KEPT bytes for the error."""
+    """An attempt's output searched for READY as it comes: only what may still start READY is carried, and
+    the last SAID_KEPT bytes for the error (it was `said += chunk`: quadratic, unbounded)."""
 
     def __init__(self) -> None:
-        self.carry = b""
-        self.tail = b""
+        self.carry = self.tail = b""
 
     def ready(self, chunk: bytes) -> bool:
         window = self.carry + chunk
-        self.carry = window[-(len(READY) - 1) :]
-        self.tail = (self.tail + chunk)[-SAID_KEPT:]
+        self.carry, self.tail = window[1 - len(READY) :], (self.tail + chunk)[-SAID_KEPT:]
         return READY in window
 
 
 def addresses(host: str, port: int) -> list[Address]:
     """Where `host` takes TCP connections on `port`, in the resolver's order; socket.gaierror if nowhere."""
-    return [
-        (family, address)
-        for family, _, _, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    ]
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [(family, address) for family, _, _, _, address in found]
 
 
 def probe_delay(failures: int) -> float:
@@ -139,16 +123,17 @@ def retry_delay(attempts: int) -> float:
 
 @dataclass
 class _Worker:
-    """Reaching one worker: probes of its port, then ssh attempts, all started from the main thread
-    (PR_SET_PDEATHSIG is per thread)."""
+    """Reaching one worker: probes of its port, then ssh attempts (from the main thread: PR_SET_PDEATHSIG
+    is per thread), then its link. Its one timer: a probe's timeout, the next probe, or an attempt's."""
 
     host: str
     argv: list[str]
+    timer: Timer
     probe: socket.socket | None = None  # a connect under way
     untried: list[Address] = field(default_factory=list)  # the addresses this probe has yet to try
     probes_failed: int = 0
     proc: subprocess.Popen[bytes] | None = None  # an ssh attempt under way
-    out: int = -1  # its stdout (and, once linked, the link's: its end is the worker's)
+    out: int = -1  # its stdout (once linked, the link's: its end is the worker's)
     pidfd: int = -1
     said: Said = field(default_factory=Said)
     count: int = 0
@@ -157,23 +142,11 @@ class _Worker:
     told: bool = False  # the leader's `end` reached it
     gone: bool = False  # its link closed before the job started: its `train` ended
 
-    @property
-    def settled(self) -> bool:
-        """Nothing more to tell it."""
-        return self.told or self.gone
-
-    # Its one timer: the probe's timeout, the next probe, or the attempt's timeout.
-    timer: Timer = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.timer = Timer(f"worker {self.host}")
-
 
 class Linking:
-    """The leader's links to `hosts`, made on the process's loop from `__enter__` on, whoever runs the loop
-    (the leader's preparation steps, then `wait`); each `linked` at once. Before the job starts a link that
-    closes raises PeerError; `end` tells every worker the job ended before it started; `running` says it
-    started. From the main thread."""
+    """The leader's links to `hosts`, made on the process's loop from `__enter__` on, whoever runs it (the
+    leader's preparation, then `wait`). `end` tells every worker the job ended before it started; `running`
+    says it started. From the main thread."""
 
     def __init__(
         self,
@@ -186,7 +159,7 @@ class Linking:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         argv_for = command or (lambda host: ssh_command(ssh_config, host, relay_command(port)))
-        self.workers = [_Worker(host, argv_for(host)) for host in hosts]
+        self.workers = [_Worker(host, argv_for(host), Timer(f"worker {host}")) for host in hosts]
         self.port, self.timeout, self.resolve = port, timeout, resolve
         self.loop = process_loop().scope(Timers(clock))
         self.port_open: deque[_Worker] = deque()  # waiting for a free ssh slot
@@ -210,23 +183,22 @@ class Linking:
         return [w.link for w in self.workers if w.link is not None]
 
     def wait(self, signals: SignalWatch | None = None) -> list[WorkerLink]:
-        """Until every worker is linked: PeerError naming each one that was not within the timeout (counted
-        from `__enter__`), Stopped on a stop signal."""
+        """Until every worker is linked: PeerError naming each one that was not within the timeout (from
+        `__enter__`), Stopped on a stop signal."""
 
         def check_stop() -> None:
             if signals is not None and signals.stop_requested():
                 raise Stopped("stopped while waiting for workers " + ", ".join(w.host for w in self.workers))
 
         check_stop()
-        if all(w.link is not None for w in self.workers):
-            return self.links
-        if signals is not None:
-            self.loop.reader(signals, check_stop)
-        try:
-            self._run()
-        finally:
+        if any(w.link is None for w in self.workers):
             if signals is not None:
-                self.loop.forget(signals)
+                self.loop.reader(signals, check_stop)
+            try:
+                self._run()
+            finally:
+                if signals is not None:
+                    self.loop.forget(signals)
         return self.links
 
     def _run(self) -> None:
@@ -251,13 +223,13 @@ class Linking:
         return {link.host: link.send(event) for link in self.links}
 
     def end(self, event: Event, wait: float) -> dict[str, bool]:
-        """The job ended before it started: `event` (`end`) to every linked worker, and to each worker
-        reached within `wait` seconds (a stop signal ends that wait). Whom it reached."""
+        """The job ended before it started: `event` (`end`) to every linked worker, and to each one reached
+        within `wait` seconds (a stop ends that wait). Whom it reached."""
         self.farewell = event
         for worker in self.workers:
             self._tell(worker)
-        if wait > 0 and not all(w.settled for w in self.workers):
-            names = ", ".join(w.host for w in self.workers if not w.settled)
+        if wait > 0 and not all(w.told or w.gone for w in self.workers):
+            names = ", ".join(w.host for w in self.workers if not (w.told or w.gone))
             log.info("telling %s that the job ended (up to %gs)", names, wait)
             self.loop.timers.after(self.deadline, wait, self.loop.stop)
             with contextlib.suppress(Stopped, PeerError):
@@ -271,17 +243,14 @@ class Linking:
             if worker.proc is not None:
                 proc = self._end_session(worker)
                 proc.kill()
-                proc.wait()
+                proc.communicate()
         self.loop.close()
         close_all(self.links)
 
-    def missing(self) -> str:
-        """Each worker not linked, with its last error."""
-        return "; ".join(f"{w.host}: {w.last_error}" for w in self.workers if w.link is None)
-
     def _timed_out(self) -> None:
+        missing = "; ".join(f"{w.host}: {w.last_error}" for w in self.workers if w.link is None)
         what = "workers " + ", ".join(w.host for w in self.workers)
-        raise PeerError(f"timed out after {self.timeout:g}s waiting for {what} (last: {self.missing()})")
+        raise PeerError(f"timed out after {self.timeout:g}s waiting for {what} (last: {missing})")
 
     def probe(self, worker: _Worker) -> None:
         try:
@@ -289,10 +258,10 @@ class Linking:
         except socket.gaierror as exc:
             self._refused(worker, f"cannot resolve {worker.host} ({exc.strerror})")
             return
-        if not worker.untried:
+        if worker.untried:
+            self._connect(worker)
+        else:
             self._refused(worker, f"cannot resolve {worker.host} (no address)")
-            return
-        self._connect(worker)
 
     def _connect(self, worker: _Worker) -> None:
         """A non-blocking connect to the next address: its answer when the socket turns writable."""
@@ -305,18 +274,15 @@ class Linking:
             self._probed(worker, os.strerror(error) if error else None)
             return
         worker.probe = sock
-        self.loop.writer(sock, functools.partial(self._connected, worker))
-        self.loop.timers.after(worker.timer, PROBE_TIMEOUT, functools.partial(self._probe_timed_out, worker))
 
-    def _connected(self, worker: _Worker) -> None:
-        assert worker.probe is not None
-        error = worker.probe.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        self._end_probe(worker)
-        self._probed(worker, os.strerror(error) if error else None)
+        def answered(error: str | None = None) -> None:
+            assert worker.probe is not None
+            code = worker.probe.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            self._end_probe(worker)
+            self._probed(worker, error or (os.strerror(code) if code else None))
 
-    def _probe_timed_out(self, worker: _Worker) -> None:
-        self._end_probe(worker)
-        self._probed(worker, "timed out")
+        self.loop.writer(sock, answered)
+        self.loop.timers.after(worker.timer, PROBE_TIMEOUT, functools.partial(answered, "timed out"))
 
     def _end_probe(self, worker: _Worker) -> None:
         if worker.probe is not None:
@@ -341,9 +307,8 @@ class Linking:
     def _refused(self, worker: _Worker, error: str) -> None:
         worker.last_error = error
         worker.probes_failed += 1
-        self.loop.timers.after(
-            worker.timer, probe_delay(worker.probes_failed), functools.partial(self.probe, worker)
-        )
+        delay = probe_delay(worker.probes_failed)
+        self.loop.timers.after(worker.timer, delay, functools.partial(self.probe, worker))
 
     def _start_sessions(self) -> None:
         while self.port_open and self.in_flight < MAX_SSH_IN_FLIGHT:
@@ -364,7 +329,7 @@ class Linking:
             self.loop.timers.after(worker.timer, ATTEMPT_TIMEOUT, functools.partial(self._failed, worker))
 
     def _output(self, worker: _Worker) -> None:
-        """READY links the worker; the end of the output before it fails the attempt."""
+        """READY links the worker (`linked`); the end of the output before it fails the attempt."""
         chunk = os.read(worker.out, 65536)
         if not chunk:
             self._failed(worker)
@@ -389,9 +354,8 @@ class Linking:
         worker.out = -1
         if not self.started and not worker.told:
             worker.gone = True
-            raise PeerError(
-                f"{worker.host} ended before the job started (its link closed); see {worker.host}'s log"
-            )
+            if self.farewell is None:
+                raise PeerError(f"{worker.host} ended before the job started (its link closed); see its log")
 
     def _tell(self, worker: _Worker) -> None:
         """The leader's `end`, once it ended before the start, to a worker as soon as it is linked."""
@@ -399,7 +363,7 @@ class Linking:
             return
         worker.told = worker.link.send(self.farewell)
         worker.link.hang_up()
-        if all(w.settled for w in self.workers) and self.waiting:
+        if all(w.told or w.gone for w in self.workers) and self.waiting:
             self.loop.stop()
 
     def _failed(self, worker: _Worker) -> None:
@@ -417,9 +381,8 @@ class Linking:
         proc = worker.proc
         assert proc is not None
         self.loop.forget(worker.out)
-        worker.out = -1
         self.loop.forget(worker.pidfd)
         self.loop.timers.cancel(worker.timer)
-        worker.proc = None
+        worker.proc, worker.out = None, -1
         self.in_flight -= 1
         return proc

@@ -1,10 +1,5 @@
-"""A worker's end of the link: the socket the leader's relay connects to, and each connection's words.
-
-The socket lives in this `train`'s private directory (claimed by hostenv/server.claimed: another user cannot
-reach it, and a second `train` for the port is refused there). Only this user's processes are taken. Each
-connection's lines become Events for `on_event(connection, event)`; its end calls `on_closed(connection)`.
-A connection that says `linked` is the leader's link; the others are attempts the leader gave up.
-"""
+"""A worker's end of the link: the socket the leader's relay connects to, in this `train`'s private directory
+(hostenv/server.claimed), and each connection's words as Events. Only this user's processes are taken."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""The relay, on a worker: the leader's ssh session joined to the worker's `train`.
-
-The leader runs `command(port)` over ssh on each worker. The relay connects to the worker's `train` over the
-unix socket in its private directory (named after the sshd port; trusted as a rank trusts its environment:
-the directory is this user's alone, and the other end is the `train` whose pid is written there and that
-started this relay's sshd: hostenv/trust.py), says READY (the leader's proof that the worker is up), then
-copies the leader's words to it until either end closes.
-
-Nothing else may print before READY, and the relay makes sure of it: Python starts isolated and without
-`site` (`-I -S`: no .pth file, sitecustomize or PYTHON* variable runs or prints anything at its start), with
-the launcher's own directory as its only addition to the path. What the remote shell prints before it (a
-chatty rc file) the leader skips: it looks for READY in whatever comes (link/connect.py).
+"""The relay, on a worker: the leader's ssh session joined to the worker's `train` over the link socket in its
+private directory (trusted as a rank trusts its environment: hostenv/trust.py). It says READY, then copies the
+leader's words until either end closes. Nothing may print before READY: Python starts isolated and without
+`site` (`-I -S`: no .pth, sitecustomize or PYTHON* variable), and what the remote shell prints first (a chatty
+rc file) the leader skips (link/connect.py).
 """
 
 from __future__ import annotations

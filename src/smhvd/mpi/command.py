@@ -1,15 +1,9 @@
 """The mpirun command line: the plan (`plan_for`, from the job), then a pure function from plan to argv.
 
-Defaults are named. A user option in `sagemaker_mpi_custom_mpi_options` (or an `OMPI_MCA_<key>` variable in
-the job's environment) that sets the same thing as a default, or a thing Open MPI refuses beside it,
-replaces the default instead of contradicting it: `--mca btl_tcp_if_exclude lo` drops our
-`btl_tcp_if_include` (Open MPI accepts only one of the two, and with both the ranks cannot reach each
-other), `--rankfile` or `--npernode` drop our `--map-by`, and so on (each default's `conflicts`,
-config/mpi_defaults.py). `launcher_drop_mpi_defaults` removes defaults by name.
-
-The plan owns the hostfile (its hosts, its slots, its path) and the one decision whether mpirun spans hosts
-(`MpiPlan.multi_host`): the interface, ssh and many-hosts defaults, the leader's hostfile, the pre-flight's
-and the stack dumps all follow it.
+Defaults are named (config/mpi_defaults.py). A user's option (custom_mpi_options, or an `OMPI_MCA_<key>`
+variable) that sets what a default sets, or what Open MPI refuses beside it, replaces that default
+(`--mca btl_tcp_if_exclude lo` drops our `btl_tcp_if_include`); `launcher_drop_mpi_defaults` drops defaults
+by name. The plan owns the hostfile and the one decision whether mpirun spans hosts (`MpiPlan.multi_host`).
 """
 
 from __future__ import annotations

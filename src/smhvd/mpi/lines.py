@@ -1,20 +1,11 @@
-"""One stream of a rank's program as lines: bytes in, whole lines out, each tagged with its rank and host.
+"""One stream of a rank's program as lines: bytes in, whole lines out, each tagged `[RANK,HOST]<stdout>: `
+(Open MPI's --tag-output form, with the host; untagged with launcher_tag_output=false: bytes as they came).
 
-- A line is passed on when its newline arrives, tagged `[RANK,HOST]<stdout>: ` (or `<stderr>`: the form of
-  Open MPI's --tag-output, with the host). Untagged (launcher_tag_output=false), the bytes go on as they
-  came.
-- A line in progress (a progress bar rewritten with `\\r`, a `print(..., end="")`) is shown while it runs:
-  PROGRESS_EVERY seconds after it started or changed, and then at most that often, as a line of its own with
-  what a terminal would show (the text after its last `\\r`); untagged, its bytes so far go on as they are.
-  When its newline comes, the whole line goes on once more in its final state (tagged: the text after its
-  last `\\r`, so a bar rewritten ten thousand times is one line in the log).
-- A line longer than MAX_PIECE with no end in sight goes on in pieces, which the leader joins again
-  (mpi/output.py), up to its own limit.
-
-Pure but for the clock the caller passes in. Metric regexes (SageMaker's `metric_definitions`,
-which CloudWatch searches anywhere in a line) still match tagged lines as long as they are not anchored with
-`^`; to read one rank's figures, start the regex with its tag, e.g.
-`\\[0,[^]]*\\]<stdout>: .*loss: ([0-9.]+)`.
+A line in progress (a progress bar rewritten with `\\r`) is shown PROGRESS_EVERY seconds after it changed, at
+most that often, as what a terminal would show (the text after its last `\\r`), and once more when its newline
+comes (a bar rewritten 10,000 times is one line). A line longer than MAX_PIECE goes on in pieces the leader
+joins again (mpi/output.py). Pure but for the clock the caller passes. A metric regex matches tagged lines
+unless anchored with `^`; one rank's: `\\[0,[^]]*\\]<stdout>: .*loss: ([0-9.]+)`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Read mpirun's stderr as it streams: the ranks' frames, mpirun's own words, and mpirun's verdict.
 
-mpirun runs with --tag-output, so every piece of a rank wrapper's stderr that Open MPI read (at most
-wire.FRAME_MAX bytes) comes behind a tag naming its rank, `[JOB,RANK]<stderr>:`. The wrapper writes whole
-frames of at most that size in one write each (wire.py), so a piece ends at the end of a frame unless it is
-FRAME_MAX bytes long. `FrameReader` follows each rank's pieces with that rule, joins each rank's frames and
-each stream's lines whatever came between them (other ranks' pieces, mpirun's own messages), and hands on
-whole lines; everything that is not a frame (mpirun's and Open MPI's own messages) passes as text. The
-design and why it holds: docs/output.md.
-
-`StderrFilter` routes what `FrameReader` gives: the ranks' stdout lines to stdout, their stderr lines and
-mpirun's text to stderr, the start and failure reports to the job summary and the failure file. When no
-failure report arrived (the wrapper itself was killed), `parse_mpirun_verdict` reads mpirun's own message
-for the failing rank, host and code.
-
-It also notices when Open MPI announces that the job aborts (`abort_notice`: the first sentence of that
-message). Ranks that cannot reach each other print such a notice and may then never exit (stuck in a
-collective or in MPI_Finalize), so mpirun never does either: the supervisor ends it after a grace period.
+With --tag-output every piece of a rank wrapper's stderr Open MPI read (at most wire.FRAME_MAX bytes) comes
+behind `[JOB,RANK]<stderr>:`; the wrapper writes whole frames of at most that size in one write each, so a
+piece ends at a frame's end unless it is FRAME_MAX long. `FrameReader` joins each rank's frames and lines
+whatever came between them and passes what is no frame as text (why it holds: docs/output.md).
+`StderrFilter` routes it: stdout lines to stdout, stderr lines and mpirun's text to stderr, start and failure
+reports to the summary and the failure file; `parse_mpirun_verdict` reads mpirun's own message when no report
+came. `abort_notice`: Open MPI announced that the job aborts (the supervisor ends a mpirun that then hangs).
 """
 
 from __future__ import annotations

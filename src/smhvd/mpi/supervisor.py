@@ -1,11 +1,8 @@
-"""Run one command (mpirun, or a single rank) to its end: stream its stderr, handle signals, reap orphans.
+"""Run one command (mpirun, or a single rank) to its end: its stderr, signals, orphans, the role's duties.
 
-On a stop signal (SIGTERM from SageMaker, Ctrl-C) the ranks *on this host* get SIGTERM directly, so every
-rank can save a checkpoint; the command itself is left to end when they do.
-
-When Open MPI announces that the job aborts (ranks that cannot reach each other, MPI_Abort, a lost daemon) and
-mpirun has not exited ABORT_GRACE seconds later, it never will by itself (ranks stuck in a collective or in
-MPI_Finalize): mpirun gets SIGTERM, which ends the ranks on every host, then SIGKILL after KILL_GRACE.
+A stop (SageMaker's SIGTERM, Ctrl-C) sends SIGTERM to this host's ranks, after a stack dump, so each can
+checkpoint; mpirun ends when they do. When Open MPI announced an abort and mpirun has not exited ABORT_GRACE
+later (ranks stuck in a collective or MPI_Finalize), it gets SIGTERM, then SIGKILL after KILL_GRACE.
 """
 
 from __future__ import annotations
@@ -81,17 +78,7 @@ def supervise(
     """Run argv to its end, `role`'s heartbeat every HEARTBEAT_INTERVAL, its stack dumps when due (SIGUSR1, a
     stop, a Horovod stall, silence), `watch` read for stop signals."""
     output = StderrFilter()
-    proc = subprocess.Popen(
-        list(argv),
-        env=dict(env),
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        preexec_fn=lambda: die_with_parent(signal.SIGTERM),  # noqa: PLW1509  (no job outlives the launcher)
-        # Its own session: a signal to the launcher's process group (a terminal's Ctrl-C, `timeout`, a shell
-        # killing its job) reaches the launcher alone, which stops the ranks in order (stack dumps first).
-        start_new_session=True,
-    )
+    proc = _start(argv, env, cwd)
     assert proc.stderr is not None
     stderr = proc.stderr
     timers = Timers()
@@ -129,6 +116,20 @@ def supervise(
     if hung.ended:
         return Outcome(exit_code=EX_MPI_ABORT, output=output, stopped=stop.requested, ended_hung_abort=True)
     return Outcome(exit_code=exit_status(code), output=output, stopped=stop.requested)
+
+
+def _start(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: die_with_parent(signal.SIGTERM),  # noqa: PLW1509  (no job outlives the launcher)
+        # Its own session: a signal to the launcher's process group (a terminal's Ctrl-C, `timeout`, a shell
+        # killing its job) reaches the launcher alone, which stops the ranks in order (stack dumps first).
+        start_new_session=True,
+    )
 
 
 class Stop:

@@ -1,7 +1,5 @@
-"""A directory's new entries as a file the loop can wait on: inotify (Linux), through ctypes, as the standard
-library has no binding for it. sshd says it listens by writing its PidFile (roles/sshd.py): `train` waits
-for that entry on its loop, beside sshd's exit and a deadline, instead of looking for the file again and
-again."""
+"""A directory's new entries as an fd the loop waits on: inotify, through ctypes (the standard library has no
+binding). sshd says it listens by writing its PidFile (roles/sshd.py)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,13 @@
 """`train` as two processes, so that nothing of a job outlives a `train` killed outright (SIGKILL).
 
-Every process of the job descends from the launcher, which is a child subreaper: what a process in between
-leaves behind (a rank's child in a session of its own, a daemonizing orted) is re-parented to the launcher,
-which ends it with the job. That holds while the launcher lives. Killed with SIGKILL it cannot act, and its
-orphans would go to init and run on: the ranks of a job that ignore SIGTERM (a script busy saving, or one
-that masks it), their children in sessions of their own, and with them the GPUs and the checkpoint
-directory the next job needs.
-
-So the process the user (or SageMaker) started is a keeper and the launcher is its child. The keeper does
-nothing but pass on every catchable signal sent to it and, when the launcher ends, exit as the launcher did
-(the same code, or the same signal). When the keeper dies, by SIGKILL or anything else, the kernel sends the
-launcher KEEPER_GONE (PR_SET_PDEATHSIG), and the launcher SIGKILLs every process below it at once and exits:
-the job is gone within END_BOUND_SECONDS, whatever its ranks do with SIGTERM. In a container `train` is
-PID 1, so the kernel ends everything when it dies anyway; this is for `train` run directly on a host (the
-demo, the GPU kit, a user's own machine).
-
-The launcher is put in a process group of its own: a signal sent to the keeper's group (Ctrl-C in a terminal,
-`timeout`, a shell's job control) reaches the keeper alone, which passes it on once. Two deliveries would be
-read as two stop requests, and the second kills at once.
+The launcher is a child subreaper: what a process of the job leaves behind is re-parented to it and ended
+with the job, while it lives. Killed with SIGKILL it cannot act, and its orphans would run on (ranks that
+ignore SIGTERM, their children in sessions of their own, holding the GPUs and the checkpoint directory). So
+the process started is a keeper and the launcher its child: the keeper passes on every catchable signal and
+exits as the launcher did; when the keeper dies, the kernel sends the launcher KEEPER_GONE
+(PR_SET_PDEATHSIG), and it SIGKILLs everything below it and exits, within END_BOUND_SECONDS. (In a container
+`train` is PID 1: the kernel ends everything anyway.) The launcher has a process group of its own, so that a
+signal to the keeper's group (Ctrl-C, `timeout`) reaches it once: two would read as two stops.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""The process's one event loop, for its whole life: readable and writable files (pipes, sockets, the
-SignalWatch fd), process exits (a pidfd each: no SIGCHLD handler, no polling) and timers (timers.Timers), all
-waited for in one select.
+"""The process's one event loop, for its whole life: readable and writable files, process exits (a pidfd
+each: no SIGCHLD handler, no polling) and timers, waited for in one select.
 
-Whoever waits on it holds a Scope (`loop.scope(timers)`): what it registers through the scope (files,
-process exits) and its Timers are the loop's until the scope closes, and then nothing of it is left (its
-files forgotten, its pidfds closed, its timers no longer fired). Scopes live side by side: the host
-environment's server (hostenv/server.py) keeps one open for the whole job and answers ranks whenever a wait of
-the same process (the supervisor's, the pre-flight's, the worker's) runs the loop.
-
-A wait runs the loop until one of its callbacks calls `stop()`. Each round fires the timers that are due,
-then waits for the next event (at most until the next timer) and calls each ready file's callback. Once
-`stop()` was called nothing more is handled: neither the rest of the round's events nor due timers. A pidfd
-is closed when it is forgotten, or else when its scope closes.
-
-`process_loop()` is the loop of this process; a test that runs a wait in a thread of its own gives it a Loop
-of its own. `follow_output` is the one wait "read this process's output until it exits". Which waits run on
-the loop, and how it came to replace their own loops: docs/architecture.md.
+Whoever waits on it holds a Scope: the files, process exits and Timers it registers are the loop's until the
+scope closes, then nothing of them is left (pidfds closed). Scopes live side by side (a leader's links stay
+open while its preparation's waits run the loop). A wait runs the loop until one of its callbacks calls
+`stop()`; once stopped nothing more is handled, neither the round's other events nor due timers. Which waits
+run on it: docs/architecture.md. A test that runs a wait in a thread gives it a Loop of its own.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Process-tree utilities: child subreaper, descendants from /proc, reaping orphans, signalling a tree.
-
-The launcher marks itself a child subreaper (or is PID 1 in a container): an orted that daemonizes is then
-re-parented to the launcher, not to init, so the launcher can find and clean up everything it started, and
-must reap those orphans itself (`reap_orphans`) without stealing the exit status of its own Popen children.
-"""
+"""Process-tree utilities: child subreaper (a daemonizing orted is re-parented to the launcher, which ends it
+with the job and reaps it: `reap_orphans`), descendants from /proc, this host's ranks, signalling a tree."""
 
 from __future__ import annotations
 

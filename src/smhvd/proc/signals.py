@@ -1,10 +1,7 @@
-"""Signals, in the two ways `train` takes them: before the job starts, a stop raises errors.Stopped wherever
-the preparation is (`PreparationSignals`); once a role runs, they are events on its loop (`SignalWatch`: the
-handlers only note the signal, a wakeup fd makes the loop react at once).
-
-`train` installs PreparationSignals first thing; a role replaces them with its SignalWatch, which puts them
-back when it ends. As PID 1 in a container a signal without a handler is ignored, and outside PID 1 SIGUSR1's
-default action would kill `train` and leave its children running: these handlers are needed either way.
+"""Signals, the two ways `train` takes them: before the job starts a stop raises errors.Stopped wherever the
+preparation is (`PreparationSignals`); a role's wait takes them as events on its loop (`SignalWatch`, which
+puts the former back at its end). Either is needed: as PID 1 a signal without a handler is ignored, and
+elsewhere SIGUSR1's default would kill `train` and leave its children running.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """Preparation steps (the code's download, pip, the EFA probe) as child processes that end with their tree.
 
-A step runs in its own process group, with its output kept (of each stream its beginning and its end, up to
-OUTPUT_LIMIT bytes: what a probe reports comes first, why pip failed comes last) and, if asked, shown in the
-job's log as it comes. However the wait ends, nothing the step started is left running:
-
-- the step exits: whatever it left behind (a helper holding its output, a daemon) is killed;
-- its deadline passes, or an exception reaches the wait (a stop: until a role takes over the signals,
-  signals.py turns SIGTERM into errors.Stopped, raised wherever the launcher is): the step's process group
-  and every process started since the step began get SIGTERM, and SIGKILL STOP_GRACE seconds later if any
-  is still alive.
-
-A step writes its temporary files in a directory of its own (`private_tmpdir`: the step's TMPDIR, 0700, under
-the inherited one), removed once its processes are gone, however the wait ended: pip removes its pip-*
-directories only when it exits normally or on KeyboardInterrupt, and a stop ends it with SIGTERM. The one
-stop nothing can clean up after, SIGKILL to `train`, leaves such a directory: the next step removes it
-(each is locked by its train while in use, and the kernel drops the lock with the process).
-
-"Started since the step began" is exact because the launcher is a child subreaper (processes.py): a process
-that daemonizes is re-parented to the launcher, so it is still one of its descendants. What the launcher
-starts itself meanwhile (the leader's links, a worker's sshd and its sessions: they run beside the
-preparation) is its own, in its own session, and is left alone.
+A step runs in its own session, its output kept (of each stream the first and the last OUTPUT_LIMIT // 2
+bytes: a probe reports first, pip fails last) and shown as it comes if asked. However the wait ends, nothing
+the step started is left: when it exits, what it left behind is killed; at its deadline, or when an exception
+reaches the wait (a stop: errors.Stopped), its group and everything started since it began get SIGTERM, then
+SIGKILL STOP_GRACE later. "Started since" is exact as the launcher is a child subreaper: a daemon is
+re-parented to it. What the launcher starts itself meanwhile (its own session: the links, sshd) is not the
+step's. A step's TMPDIR is a directory of its own (`private_tmpdir`), gone with it however it ends (pip keeps
+its pip-* directories on SIGTERM); one a train killed outright left is removed by the next step (each is
+locked by its train).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The timers of one event loop: deadlines, each with its callback and a handle (`Timer`) to set it again or
-cancel it by. The loop waits (in select) at most until the earliest deadline, then fires what is due; a
-callback may set its timer again (a heartbeat re-arms itself). The clock is a parameter: tests drive a loop's
-timers with a fake one.
-
-Handles compare by identity: two owners of timers on one loop (follow_output's deadline and its caller's own
-timers, the supervisor's and its dumps') cannot replace each other's, whatever their labels.
-"""
+"""The timers of one event loop: deadlines, each with its callback and a handle (`Timer`, compared by
+identity: two owners on one loop never replace each other's) to set it again or cancel it by. The clock is a
+parameter (tests drive timers with a fake one)."""
 
 from __future__ import annotations
 

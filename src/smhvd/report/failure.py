@@ -1,8 +1,5 @@
-"""What failed, said in one line, with the evidence (the failing rank's stderr tail) after it.
-
-The rank wrapper reports a failing rank as one JSON document in a frame of its own (wire.RankFailure);
-mpirun forwards it to the leader, which takes the first one as the root cause. `/opt/ml/output/failure` is
-written once: the first writer wins, so a reason the training script wrote itself is kept.
+"""What failed, in one line, with the evidence (the failing rank's stderr tail) after it, in
+`/opt/ml/output/failure`, written once: the first writer wins (a reason the script wrote itself is kept).
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Python stack dumps of every rank, for jobs that hang: where is each rank stuck?
 
-`python -m smhvd.report.stacks HOST OUT_DIR` dumps every rank running on this host with py-spy
-(`py-spy dump --pid`, in parallel, each bounded), writes `OUT_DIR/stacks/<host>-rank<N>.txt`, and prints one
-JSON line per rank:
-`{"rank": N, "host": H, "where": "allreduce (horovod/tensorflow/mpi_ops.py:NN)", "file": ...}`. The leader
-runs it on its own host and on every other MPI host over the job's ssh configuration (a worker on its own),
-each a process of its own: py-spy's exit codes are read there, never taken by `train`'s reaping of orphans.
-Then one line goes first in the log (and, when the job then fails or is stopped, in the failure file): which
-ranks sit where. `Dumps` says when to take one, `AfterDump` what to do once it is taken.
-
-Ranks are found from /proc: the children of the rank wrappers (`-m smhvd.rank`) whose own SM_CURRENT_HOST is
-this host. A dump only reads the process (process_vm_readv); it never stops or signals it, so a healthy job
-goes on. The rank wrapper allows any process of the same user to read its program (PR_SET_PTRACER), so this
-works where Yama restricts ptrace to ancestors; the container needs no extra capability as root.
+`python -m smhvd.report.stacks HOST OUT_DIR` dumps this host's ranks (the children of the rank wrappers whose
+SM_CURRENT_HOST is HOST) with py-spy, in parallel and bounded, into `OUT_DIR/stacks/<host>-rank<N>.txt`, and
+prints a JSON line per rank. The leader runs it on its host and over ssh on every other MPI host (a worker on
+its own), each a process of its own (py-spy's exit codes are read there, never taken by `train`'s reaping of
+orphans), and logs one line of where the ranks sit (first in the failure file when the job then ends badly).
+py-spy only reads a rank (the wrapper allows it: PR_SET_PTRACER). `Dumps` says when to take one, `AfterDump`
+what to do once it is taken.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The job summary the leader prints at the end of every job and writes to output/data/job-summary.json.
-
-Hosts, ranks (and where each started, from the rank wrapper's start frames), time from `train` start to the
-first rank running, wall time, each host's exit, the failure reason, and, when the Horovod timeline is on,
-the share of the ranks' time spent in Horovod operations. Pure functions but `write_summary`.
+"""The job summary the leader logs at the end of every job and writes to output/data/job-summary.json: hosts,
+ranks and where each started, time to the first rank, wall time, each host's exit, the failure, the share of
+time in Horovod operations (with its timeline). Pure but `write_summary`.
 """
 
 from __future__ import annotations

@@ -1,2 +1,1 @@
-"""The hosts' roles: the leader (runs mpirun), workers (sshd, wait for the job's end), and what joins them
-(sshd and its client config, the leader's links to workers, each host's environment for its ranks)."""
+"""What this host does: the leader (links, pre-flight, mpirun), a worker (sshd, the verdict), sshd."""

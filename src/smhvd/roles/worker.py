@@ -58,13 +58,16 @@ class State(enum.Enum):
     STOPPING = "stopped, waiting for the leader's verdict"
 
 
-NEXT = {
-    State.WAITING: (State.LINKED,),
-    State.LINKED: (State.RUNNING,),
-    State.RUNNING: (State.STOPPING,),
-    State.STOPPING: (),
-}
+NEXT = {State.WAITING: (State.LINKED,), State.LINKED: (State.RUNNING,), State.RUNNING: (State.STOPPING,)}
 BEFORE_START = (State.WAITING, State.LINKED)
+LOST = "lost the leader {} during the job: its link closed without a result (host down or launcher killed)"
+ENDED = "the leader {} ended before the job started: its link closed without a word"
+LINK_CLOSED: dict[State, tuple[int, str] | None] = {  # what the leader's link closing means (None: nothing)
+    State.WAITING: None,  # an attempt it gave up: the wait goes on
+    State.LINKED: (EX_UNAVAILABLE, ENDED),
+    State.RUNNING: (EX_UNAVAILABLE, LOST),
+    State.STOPPING: (EX_STOPPED, LOST),
+}
 
 
 class OutsideScript:
@@ -189,7 +192,7 @@ class Worker:
         return code
 
     def _to(self, state: State) -> None:
-        if state not in NEXT[self.state]:
+        if state not in NEXT.get(self.state, ()):
             raise AssertionError(f"a worker cannot go from {self.state.name} to {state.name}")
         log.debug("worker: %s -> %s", self.state.name, state.name)
         self.state = state
@@ -214,26 +217,15 @@ class Worker:
             raise Ended(event.exit_code, event.reason)
 
     def _closed(self, connection: Connection) -> None:
-        """A connection's end: nothing for an attempt the leader gave up; else the leader's end."""
-        if not connection.linked or self.state is State.WAITING:
-            return
-        if self.state is State.LINKED:
-            raise Ended(
-                EX_UNAVAILABLE,
-                f"the leader {self.leader} ended before the job started: its link closed without a word "
-                f"(its launcher was killed?); see {self.leader}'s log",
-            )
-        raise Ended(
-            EX_STOPPED if self.state is State.STOPPING else EX_UNAVAILABLE,
-            f"lost the leader {self.leader} during the job: its link closed without a result "
-            f"(leader host down or launcher killed); see {self.leader}'s log",
-        )
+        """A connection's end: an attempt the leader gave up is nothing; its link's, what LINK_CLOSED says."""
+        meaning = LINK_CLOSED[self.state] if connection.linked else None
+        if meaning is not None:
+            raise Ended(meaning[0], f"{meaning[1].format(self.leader)}; see {self.leader}'s log")
 
     def _not_started(self) -> None:
-        raise PeerError(
-            f"the leader {self.leader} did not start the job within "
-            f"{self.job.options.launcher.leader_timeout:g}s ({key_of(LauncherOwnOptions, 'leader_timeout')})"
-        )
+        key = key_of(LauncherOwnOptions, "leader_timeout")
+        timeout = self.job.options.launcher.leader_timeout
+        raise PeerError(f"the leader {self.leader} did not start the job within {timeout:g}s ({key})")
 
     def _leader_silent(self) -> None:
         raise Ended(
@@ -253,25 +245,23 @@ class Worker:
 
     def _stop(self, why: str) -> None:
         """A stop (this host's SIGTERM, or the leader's `stop`): before the start, the end; while the job
-        runs, this host's ranks get SIGTERM once, after a stack dump (the loop runs on meanwhile:
-        AfterDump), and the job's verdict still comes from the leader."""
+        runs, a stack dump, then SIGTERM to this host's ranks (the loop runs on meanwhile: AfterDump), and
+        the verdict still comes from the leader, within STOP_GRACE."""
         if self.state in BEFORE_START:
             raise Ended(EX_STOPPED, "")
         if self.state is State.STOPPING:
             return
         self._to(State.STOPPING)
-        self.loop.timers.cancel(self.silence_timer)  # from now on only the grace for the leader's verdict
-        self.loop.timers.after(self.grace_timer, STOP_GRACE, self._grace_over)
+        self.loop.timers.cancel(self.silence_timer)
+        self.loop.timers.after(self.grace_timer, STOP_GRACE, functools.partial(self._raise, EX_STOPPED))
         self.dumps.dump(f"stopped: {why}")
 
         def terminate() -> None:
-            log.warning(
-                "stopped: %s: SIGTERM sent to %d local rank(s); waiting for the leader",
-                why,
-                terminate_local_ranks(),
-            )
+            ranks = terminate_local_ranks()
+            log.warning("stopped: %s: SIGTERM sent to %d local rank(s); waiting for the leader", why, ranks)
 
         AfterDump(self.loop, self.dumps, STOP_DUMP_WAIT, terminate).start()
 
-    def _grace_over(self) -> None:
-        raise Ended(EX_STOPPED, "")
+    @staticmethod
+    def _raise(code: int) -> None:
+        raise Ended(code, "")

@@ -1,30 +1,17 @@
 """`python .../smhvd/runscript/run.py SCRIPT ARGS`: run a Python training script as `python SCRIPT ARGS` does,
 except that a script that fails ends its process at once.
 
-Why: a rank whose script raises (or calls sys.exit(3)) after MPI is initialised would, as a plain `python`
-process, run its exit handlers next, and mpi4py's MPI_Finalize or Horovod's shutdown then wait for the other
-ranks, which wait in a collective for this one: the job hangs until SageMaker's max_run. Here the traceback
-is printed (through sys.excepthook, as Python would), the standard streams are flushed, and the process exits
-with the script's code without running exit handlers, so the rank wrapper sees the failure and mpirun ends
-the job on every host within seconds. `python -m mpi4py` does this with MPI_Abort; this works for any
-framework.
-
-A script that ends normally, or with sys.exit(0) (or sys.exit(False)), exits as usual (exit handlers,
-MPI_Finalize). A KeyboardInterrupt prints its traceback and ends the process by SIGINT, as Python does, so a
-stop request stays a stop. A sys.excepthook that itself raises or exits is reported as Python reports it (its
-error, then the original), and the process ends at once all the same.
-
-Everything else is what `python SCRIPT ARGS` gives the script, and tests/launcher/runscript/test_runscript.py
-compares each with plain python: the script's module *is* `sys.modules['__main__']` for the whole life of the
-process (an exit handler that pickles an instance of the script's class works), with the same globals
-(`__package__` None, `__builtins__` the module, `__file__`, `__loader__`, `__spec__`), `sys.argv` as given
-(the launcher runs `train.py` from the code directory, as SageMaker's toolkit does), the script's real
-directory first on sys.path, the same interpreter flags (no `-P` that multiprocessing would pass on), and the
-same modules already loaded. That is why this file is run by its path, not with `-m`, and imports only what
-the interpreter has loaded at start (or forgets it again): while it starts, its own folder (nothing but this
-file) is first on sys.path, not the code directory, so a `typing.py`, `signal.py` or `pkgutil.py` of the
-user's shadows nothing here, and from the script's start on it is imported by the script as under
-`python SCRIPT`.
+A rank whose script raises (or exits non-zero) after MPI is initialised would run its exit handlers, whose
+MPI_Finalize or Horovod shutdown waits for the other ranks, which wait in a collective for it: the job hangs
+until max_run. Here the traceback is printed (through sys.excepthook), the streams flushed, and the process
+exits with the script's code skipping exit handlers (as `python -m mpi4py` does with MPI_Abort, for any
+framework). A normal end or sys.exit(0) exits as usual; a KeyboardInterrupt ends it by SIGINT; a failing
+excepthook is reported as Python reports it. Everything else is what `python SCRIPT` gives the script
+(tests/launcher/runscript/test_runscript.py compares each): its module is `sys.modules['__main__']` for the
+whole process, with the same globals, argv, sys.path (its real directory first), interpreter flags and loaded
+modules. So this file is run by its path, not with `-m`, and imports only what the interpreter loaded at
+start: while it starts its own folder (nothing but this file) is first on sys.path, and a user's `typing.py`,
+`signal.py` or `pkgutil.py` shadows nothing here.
 """
 
 # No `from __future__ import annotations`: it imports __future__ before the note below (hence the quoted
