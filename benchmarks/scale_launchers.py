@@ -30,7 +30,7 @@ Then, per launcher and row, the growth per added host (least-squares slope of th
 per doubling of N (slope against log2 N), and ours / best peer at each size (> 1: ours is better).
 
     .venv/bin/python benchmarks/scale_launchers.py [--hosts 2,4,8,16,32] [--repeats 3]
-        [--launchers ours,plain,horovodrun,toolkit] [--script horovod|mpi4py] [--keep]
+        [--launchers ours,ours-no-preflight,plain,horovodrun,toolkit] [--script horovod|mpi4py] [--keep]
 """
 
 from __future__ import annotations
@@ -66,8 +66,15 @@ from cluster_common import (
 
 from smhvd_sim import Cluster, ClusterSpec
 
-OURS, PLAIN, HOROVODRUN, TOOLKIT = "ours", "plain mpirun (floor)", "horovodrun (MPI)", "toolkit 4.9.0"
-LAUNCHERS = {"ours": OURS, "plain": PLAIN, "horovodrun": HOROVODRUN, "toolkit": TOOLKIT}
+OURS, OURS_NO_PREFLIGHT = "ours", "ours, pre-flight off"
+PLAIN, HOROVODRUN, TOOLKIT = "plain mpirun (floor)", "horovodrun (MPI)", "toolkit 4.9.0"
+LAUNCHERS = {
+    "ours": OURS,
+    "ours-no-preflight": OURS_NO_PREFLIGHT,  # what the pre-flight (on by default) adds to the start
+    "plain": PLAIN,
+    "horovodrun": HOROVODRUN,
+    "toolkit": TOOLKIT,
+}
 PEERS = (HOROVODRUN, TOOLKIT)
 ONE_PROCESS = (PLAIN, HOROVODRUN)  # one process on algo-1, none of their own on the other hosts
 FLOOR_ROWS = ("first", "end_launcher")  # ours / plain at each size
@@ -180,10 +187,11 @@ def run_one(
     crash_host = "algo-1" if launcher == TOOLKIT else names[-1]
     args = {"mode": mode, "crash_host": crash_host, "script": script}
     reset_outputs(cluster)
-    configure(cluster, hosts, 1, PROGRAM, args)
+    preflight = {"sagemaker_preflight": "off"} if launcher == OURS_NO_PREFLIGHT else {}
+    configure(cluster, hosts, 1, PROGRAM, args | preflight)
     cpu_before = cluster.cpu_seconds()
     with MemoryWatch() as memory:
-        if launcher == OURS:
+        if launcher in (OURS, OURS_NO_PREFLIGHT):
             run = run_sagemaker(cluster, ["train"], hosts, timeout)
         elif launcher == TOOLKIT:
             run = run_sagemaker(cluster, TOOLKIT_TRAIN, hosts, timeout, leader=toolkit_leader(names))
@@ -283,9 +291,9 @@ def ratio(results: Results, row: str, hosts: int) -> str:
     return f"{min(peers) / ours:.2f}"
 
 
-def over_floor(results: Results, row: str, hosts: int) -> str:
+def over_floor(results: Results, row: str, hosts: int, ours_is: str = OURS) -> str:
     """Ours / plain mpirun's median (1.00: ours costs what mpirun alone does)."""
-    ours = median_of(results.get(row, OURS, hosts))
+    ours = median_of(results.get(row, ours_is, hosts))
     floor = median_of(results.get(row, PLAIN, hosts))
     if ours is None or floor is None or floor <= 0:
         return "-"
@@ -319,8 +327,10 @@ def report(results: Results, launchers: Sequence[str], sizes: Sequence[int], scr
             lines.append(
                 ["ours / best peer (> 1: ours better)", *(ratio(results, row, n) for n in sizes), ""]
             )
-        if row in FLOOR_ROWS and OURS in launchers and PLAIN in launchers:
-            lines.append(["ours / plain (1: the floor)", *(over_floor(results, row, n) for n in sizes), ""])
+        for ours_is in (OURS, OURS_NO_PREFLIGHT):
+            if row in FLOOR_ROWS and ours_is in launchers and PLAIN in launchers:
+                label = f"{ours_is} / plain (1: the floor)"
+                lines.append([label, *(over_floor(results, row, n, ours_is) for n in sizes), ""])
         if len(lines) > 1:
             say("")
             say(table(lines))
