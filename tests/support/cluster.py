@@ -121,27 +121,33 @@ def make_cluster(cluster_tools: None, tmp_path: Path) -> Iterator[MakeCluster]:
 JOB_HOSTS = ("algo-1", "algo-2")
 
 
+Prepare = Callable[[Cluster], Mapping[str, Mapping[str, str]] | None]
+
+
 class Launch(Protocol):
     def __call__(
         self,
         mode: str,
         down: tuple[str, ...] = (),
         env: Mapping[str, Mapping[str, str]] | None = None,
+        prepare: Prepare | None = None,
         **hyperparameters: object,
     ) -> tuple[Cluster, dict[str, HostProcess]]: ...
 
 
 @pytest.fixture
 def launch(cluster_tools: None, tmp_path: Path, code_dir: Path) -> Iterator[Launch]:
-    """launch(mode, down=(), env={host: variables}, **hyperparameters) -> (cluster, {host: HostProcess}):
-    `train` started on each of 2 hosts not in `down` (with that host's extra variables), the probe job
-    (probe_job.py) in `mode`, SDK-encoded hyperparameters; the cluster is torn down (and checked) after."""
+    """launch(mode, down=(), env={host: variables}, prepare=None, **hyperparameters) -> (cluster, {host:
+    HostProcess}): `train` started on each of 2 hosts not in `down` (with that host's extra variables), the
+    probe job (probe_job.py) in `mode`, SDK-encoded hyperparameters; `prepare(cluster)` runs first, once the
+    cluster is up (it may return more variables by host). The cluster is torn down (and checked) after."""
     clusters: list[Cluster] = []
 
     def start(
         mode: str,
         down: tuple[str, ...] = (),
         env: Mapping[str, Mapping[str, str]] | None = None,
+        prepare: Prepare | None = None,
         **hyperparameters: object,
     ) -> tuple[Cluster, dict[str, HostProcess]]:
         spec = ClusterSpec(
@@ -154,10 +160,15 @@ def launch(cluster_tools: None, tmp_path: Path, code_dir: Path) -> Iterator[Laun
         cluster = Cluster(spec)
         clusters.append(cluster)
         cluster.up()
+        more = (prepare(cluster) if prepare else None) or {}
         exited = threading.Event()
         processes = {
             host: cluster.start(
-                host, ["train"], env=(env or {}).get(host), exited=exited, end_host_on_exit=True
+                host,
+                ["train"],
+                env={**(env or {}).get(host, {}), **more.get(host, {})},
+                exited=exited,
+                end_host_on_exit=True,
             )
             for host in JOB_HOSTS
             if host not in down

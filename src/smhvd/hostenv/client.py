@@ -16,7 +16,7 @@ from pathlib import Path
 
 from smhvd.env_options import FETCH_TIMEOUT
 from smhvd.errors import HostEnvUnavailable
-from smhvd.hostenv.trust import ENV_FD, directory, read_number, trusted_pid
+from smhvd.hostenv.trust import ENV_FD, directory, trusted_number, trusted_pid
 from smhvd.proc.waiting import NotYet, wait_until
 from smhvd.wire import HOSTENV_SERVED_FROM
 
@@ -77,13 +77,7 @@ def fetch_once(path: Path, ancestors: Collection[int] | None = None) -> dict[str
     trusted."""
     what = "this host's environment"
     pid = trusted_pid(path, ancestors, what)
-    try:
-        held = read_number(path / ENV_FD)
-    except ValueError as exc:
-        raise HostEnvUnavailable(f"{what} is not trusted: {exc}") from None
-    if held is None:
-        raise NotYet(f"no {ENV_FD} in {path} yet")
-    data = _read_held(pid, held, what)
+    data = _read_held(pid, trusted_number(path, ENV_FD, what), what)
     env = _parse(data)
     if env is None:
         raise HostEnvUnavailable(f"this host's train ({path}) holds something other than an environment")

@@ -97,15 +97,22 @@ def trusted_pid(path: Path, ancestors: Collection[int] | None, what: str) -> int
         raise NotYet(f"{path} does not exist") from None
     if problem:
         raise HostEnvUnavailable(f"{what} is not trusted: {problem}")
-    try:
-        pid = read_number(path / PID_FILE)
-    except ValueError as exc:
-        raise HostEnvUnavailable(f"{what} is not trusted: {exc}") from None
-    if pid is None:
-        raise NotYet(f"no {PID_FILE} in {path} yet")
+    pid = trusted_number(path, PID_FILE, what)
     if ancestors is not None and pid not in ancestors:
         raise HostEnvUnavailable(f"{what} is served by pid {pid}, which did not start this process: refused")
     return pid
+
+
+def trusted_number(path: Path, name: str, what: str) -> int:
+    """The number `train` wrote in `path / name`; NotYet while there is none, HostEnvUnavailable for a file
+    that holds no number."""
+    try:
+        number = read_number(path / name)
+    except ValueError as exc:
+        raise HostEnvUnavailable(f"{what} is not trusted: {exc}") from None
+    if number is None:
+        raise NotYet(f"no {name} in {path} yet")
+    return number
 
 
 def connect_trusted(

@@ -19,15 +19,15 @@ import pytest
 from smhvd.config import sdk_v3
 from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters, to_script_args
 from smhvd.config.instance_groups import Placement
-from smhvd.config.job import Hardware, Job, load_job, with_sdk_v3
+from smhvd.config.job import Hardware, load_job, with_sdk_v3
 from smhvd.config.launcher_options import MAX_PROCESSES_PER_HOST, OUTPUT_REFUSED, parse_launcher_options
 from smhvd.config.paths import SageMakerPaths
-from smhvd.config.sagemaker_files import parse_resource_config
 from smhvd.config.sdk_v3 import Distributed, SourceCode, V3Job
 from smhvd.environment import training_env
 from smhvd.errors import ConfigError, SourceError
 from smhvd.sourcecode import fetch_source, resolve_source
 from support.ci import need_root
+from support.jobs import bare_job
 from tests.conftest import TRAIN
 
 # SourceCode(source_dir="/tmp/v3gen/src", entry_script="train.py", requirements="requirements.txt")
@@ -198,20 +198,6 @@ def write_v3_tree(
     return paths
 
 
-def make_job(paths: SageMakerPaths, hps: dict[str, object] | None = None) -> Job:
-    reserved, user = split_hyperparameters(hps or {})
-    return Job(
-        paths=paths,
-        resources=parse_resource_config(json.loads(paths.resource_config.read_text())),
-        channels=(),
-        raw_resources={},
-        raw_input_data={},
-        user_hyperparameters=user,
-        options=parse_launcher_options(reserved),
-        hardware=Hardware(cpus=2, gpus=0),
-    )
-
-
 def test_a_job_left_to_v3_runs_its_own_sm_train_without_our_hook():
     argv, env = sdk_v3.hand_back_command({"BASH_ENV": "/usr/local/lib/smhvd/sdk-v3-bash-env.sh", "A": "1"})
     assert argv == ["/bin/bash", "-c", sdk_v3.SM_TRAIN_COMMAND] and env == {"A": "1"}
@@ -243,7 +229,7 @@ def test_apply_spreads_processes_per_node_over_every_host(tmp_path):
     paths = write_v3_tree(tmp_path / "ml")
     v3 = sdk_v3.load(paths)
     assert v3 is not None
-    job = with_sdk_v3(make_job(paths, {"sagemaker_mpi_custom_mpi_options": "--bind-to core"}), v3)
+    job = with_sdk_v3(bare_job(paths, {"sagemaker_mpi_custom_mpi_options": "--bind-to core"}), v3)
     assert job.options.mpi.enabled
     assert (job.processes_per_host, job.num_processes) == (2, 4)  # v3's own driver: mpirun -np 2
     assert job.options.mpi.custom_options == (
@@ -263,7 +249,7 @@ def test_apply_without_distributed_runs_the_script_once_per_host(tmp_path):
     paths = write_v3_tree(tmp_path / "ml", distributed=DISTRIBUTED_NONE_JSON)
     v3 = sdk_v3.load(paths)
     assert v3 is not None and v3.unsupported is None
-    job = with_sdk_v3(make_job(paths), v3)
+    job = with_sdk_v3(bare_job(paths), v3)
     assert not job.options.mpi.enabled
     assert "SM_DISTRIBUTED_CONFIG" not in job.script_env
 
@@ -273,7 +259,7 @@ def test_a_source_dir_tarball_is_unpacked_by_the_launcher(tmp_path):
     paths = write_v3_tree(tmp_path / "ml", sourcecode=json.dumps(source))
     v3 = sdk_v3.load(paths)
     assert v3 is not None
-    job = with_sdk_v3(make_job(paths), v3)
+    job = with_sdk_v3(bare_job(paths), v3)
     assert job.options.program.submit_directory == str(paths.channel_dir("code") / "code.tar.gz")
 
 
@@ -287,10 +273,10 @@ def test_an_unreadable_code_archive_is_named_by_the_key_the_user_wrote(tmp_path,
     if sdk == "v3":
         v3 = sdk_v3.load(paths)
         assert v3 is not None
-        program, key = with_sdk_v3(make_job(paths), v3).options.program, "source_dir"
+        program, key = with_sdk_v3(bare_job(paths), v3).options.program, "source_dir"
     else:
         hps = {"sagemaker_program": "train.py", "sagemaker_submit_directory": str(archive)}
-        program = make_job(paths, hps).options.program
+        program = bare_job(paths, hps).options.program
         key = "sagemaker_submit_directory"
     with pytest.raises(SourceError) as err:
         fetch_source(resolve_source(program, paths, {}), None)
@@ -301,7 +287,7 @@ def test_env_for_scripts_written_for_v3(tmp_path):
     paths = write_v3_tree(tmp_path / "ml", hosts=("algo-2", "algo-1"))
     v3 = sdk_v3.load(paths)
     assert v3 is not None
-    env = with_sdk_v3(make_job(paths), v3).script_env
+    env = with_sdk_v3(bare_job(paths), v3).script_env
     assert env["SM_MASTER_ADDR"] == "algo-1" and env["SM_HOST_COUNT"] == "2"
     assert env["SM_ENTRY_SCRIPT"] == "train.py"
     assert env["SM_SOURCE_DIR"] == str(paths.channel_dir("code"))
@@ -313,7 +299,7 @@ def test_master_addr_is_the_jobs_leader_with_instance_groups(tmp_path):
     the first of every host (algo-1, in the 'data' group)."""
     paths = write_v3_tree(tmp_path / "ml", hosts=("algo-1", "algo-2", "algo-3"))
     job = dataclasses.replace(
-        make_job(paths),
+        bare_job(paths),
         placement=Placement(("algo-2", "algo-3"), current_group="data", distribution_groups=("gpu",)),
     )
     v3 = sdk_v3.load(paths)

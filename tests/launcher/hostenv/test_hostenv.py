@@ -18,9 +18,8 @@ from collections.abc import Iterator
 import pytest
 
 from smhvd.config.hardware import parse_route_device
-from smhvd.config.job import Hardware, Job, with_usable_interface
-from smhvd.config.launcher_options import parse_launcher_options
-from smhvd.config.sagemaker_files import parse_resource_config, read_json
+from smhvd.config.job import with_usable_interface
+from smhvd.config.sagemaker_files import parse_resource_config
 from smhvd.env_options import FETCH_TIMEOUT, read_env_options
 from smhvd.environment import host_env
 from smhvd.errors import ConfigError, HostEnvError, HostEnvUnavailable
@@ -31,6 +30,7 @@ from smhvd.proc import processes
 from smhvd.wire import HOSTENV_SERVED_FROM
 from smhvd_dev.mltree import write_ml_tree
 from support.ci import need_root
+from support.jobs import bare_job
 from tests.conftest import TRAIN
 
 
@@ -417,16 +417,7 @@ def _job(tmp_path, interface, instance_type="ml.c5.xlarge"):
         network_interface_name=interface,
         instance_type=instance_type,
     )
-    return Job(
-        paths=paths,
-        resources=parse_resource_config(read_json(paths.resource_config, required=True)),
-        channels=(),
-        raw_resources={},
-        raw_input_data={},
-        user_hyperparameters={},
-        options=parse_launcher_options({}),
-        hardware=Hardware(cpus=2, gpus=0),
-    )
+    return bare_job(paths)
 
 
 def test_a_named_interface_the_host_has_is_kept(tmp_path):

@@ -16,9 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from smhvd.config.job import Hardware, Job
-from smhvd.config.launcher_options import parse_launcher_options
-from smhvd.config.sagemaker_files import parse_resource_config, read_json
 from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, PeerError
 from smhvd.hostenv import trust
 from smhvd.link import END, LINKED, READY, START, Event
@@ -29,6 +26,7 @@ from smhvd.roles import worker as worker_module
 from smhvd.roles.worker import State, Worker
 from smhvd_dev.mltree import write_ml_tree
 from support.ci import need_root
+from support.jobs import bare_job
 
 pytestmark = pytest.mark.integration
 PORT = 47000 + os.getpid() % 1000  # a directory (and an sshd port) of our own
@@ -65,16 +63,7 @@ def make_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mak
 
     def make(leader_timeout: float = 60.0) -> Worker:
         paths = write_ml_tree(tmp_path / "ml", current_host="algo-2", hosts=("algo-1", "algo-2"))
-        job = Job(
-            paths=paths,
-            resources=parse_resource_config(read_json(paths.resource_config, required=True)),
-            channels=(),
-            raw_resources={},
-            raw_input_data={},
-            user_hyperparameters={},
-            options=parse_launcher_options({"launcher_leader_timeout_seconds": leader_timeout}),
-            hardware=Hardware(cpus=2, gpus=0),
-        )
+        job = bare_job(paths, {"launcher_leader_timeout_seconds": leader_timeout})
         (tmp_path / "run").mkdir(exist_ok=True)
         made.append(Worker(job, tmp_path / "run").__enter__())
         return made[-1]
@@ -136,40 +125,36 @@ def test_the_leaders_end_before_the_start_is_this_workers_end_with_its_code_and_
     )
 
 
-def test_a_link_that_closes_after_linked_before_the_start_is_the_leaders_end(make_worker: MakeWorker) -> None:
-    """The leader's launcher killed outright after it took the link: the worker exits 69 at once, not after
-    launcher_leader_timeout_seconds (it read such a close as an attempt the leader gave up)."""
+@pytest.mark.parametrize(
+    ("said", "state", "reason"),
+    [
+        # The leader's launcher killed outright after it took the link: 69 at once, not after
+        # launcher_leader_timeout_seconds (it read such a close as an attempt the leader gave up).
+        ((Event(LINKED),), State.LINKED, "the leader algo-1 ended before the job started: its link"),
+        (
+            (Event(LINKED), Event(START)),
+            State.RUNNING,
+            "lost the leader algo-1 during the job: its link closed",
+        ),
+    ],
+)
+def test_the_leaders_link_closing_without_a_word_ends_the_worker_at_once(
+    make_worker: MakeWorker, said: tuple[Event, ...], state: State, reason: str
+) -> None:
     worker = make_worker(leader_timeout=600)
     proc = relay()
 
     def play() -> None:
         ready(proc)
-        say(proc, Event(LINKED))
-        wait_until(lambda: worker.state is State.LINKED or None, what="the worker to be linked", timeout=60)
+        say(proc, *said)
+        wait_until(lambda: worker.state is state or None, what=f"the worker to be {state.name}", timeout=60)
         proc.kill()
 
     leader(play)
     assert worker.wait() == EX_UNAVAILABLE
     failure = failure_of(worker)
     assert failure is not None
-    assert failure.startswith("the leader algo-1 ended before the job started: its link closed"), failure
-
-
-def test_the_link_closing_mid_job_means_the_leader_was_lost(make_worker: MakeWorker) -> None:
-    worker = make_worker()
-    proc = relay()
-
-    def play() -> None:
-        ready(proc)
-        say(proc, Event(LINKED), Event(START))
-        wait_until(lambda: worker.state is State.RUNNING or None, what="the job's start", timeout=60)
-        proc.kill()
-
-    leader(play)
-    assert worker.wait() == EX_UNAVAILABLE
-    failure = failure_of(worker)
-    assert failure is not None
-    assert failure.startswith("lost the leader algo-1 during the job: its link closed without a result")
+    assert failure.startswith(reason), failure
 
 
 def test_an_attempt_the_leader_gave_up_before_linked_is_not_an_end_and_the_wait_is_bounded(

@@ -10,20 +10,18 @@ reason) is held by tests/launcher/preflight/test_preflight_cluster.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from smhvd_sim import Cluster, ClusterSpec
+from smhvd_sim import Cluster
 from smhvd_sim.jobs import HostProcess
 from smhvd_sim.system import wait_for
+from support.cluster import Launch
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
@@ -32,51 +30,7 @@ WORKER_BOUND = 30.0  # leader's exit -> worker's exit; measured 0.1-0.5 s (READM
 HOLD_PIP = "-r /tmp/hold\n"  # a requirements file that reads a FIFO nobody writes: pip waits until ended
 
 
-Start = Callable[..., tuple[Cluster, dict[str, HostProcess]]]
-
-
-@pytest.fixture
-def start(cluster_tools: None, tmp_path: Path, code_dir: Path) -> Iterator[Start]:
-    """start(prepare, env={host: vars}, down=(), **hyperparameters): a 2-host cluster, `prepare(cluster)` run
-    on it (it may return more variables by host), then `train` on each host not in `down` (the probe job
-    sleeping 300 s, as long as it may run)."""
-    clusters: list[Cluster] = []
-
-    def run(
-        prepare: Callable[[Cluster], dict[str, dict[str, str]] | None] = lambda _cluster: None,
-        env: dict[str, dict[str, str]] | None = None,
-        down: tuple[str, ...] = (),
-        **hyperparameters: object,
-    ) -> tuple[Cluster, dict[str, HostProcess]]:
-        hps = {"sagemaker_program": "probe_job.py", "mode": "sleep", "seconds": 300} | hyperparameters
-        spec = ClusterSpec(
-            hosts=len(HOSTS),
-            workdir=tmp_path / "cluster",
-            code_dir=code_dir,
-            hyperparameters={key: json.dumps(value) for key, value in hps.items()},
-        )
-        cluster = Cluster(spec)
-        clusters.append(cluster)
-        cluster.up()
-        env = {**(env or {}), **(prepare(cluster) or {})}
-        exited = threading.Event()
-        processes = {
-            host: cluster.start(
-                host,
-                ["train"],
-                env={"SMHVD_LOG_LEVEL": "DEBUG", **env.get(host, {})},
-                exited=exited,
-                end_host_on_exit=True,
-            )
-            for host in HOSTS
-            if host not in down
-        }
-        return cluster, processes
-
-    yield run
-    for cluster in clusters:
-        cluster.down()
-        assert cluster.leftovers() == []
+DEBUG = {"algo-2": {"SMHVD_LOG_LEVEL": "DEBUG"}}  # the worker's log says when it is linked
 
 
 def log_of(process: HostProcess) -> str:
@@ -122,34 +76,34 @@ def no_mpirun(cluster: Cluster) -> dict[str, dict[str, str]]:
     return {"algo-1": {"PATH": path}}
 
 
-def test_mpirun_missing_from_the_leaders_path(start: Start) -> None:
-    cluster, processes = start(no_mpirun)
+def test_mpirun_missing_from_the_leaders_path(launch: Launch) -> None:
+    cluster, processes = launch("sleep", prepare=no_mpirun, seconds=300)
     assert_worker_ended_with_the_leader(
         cluster, processes, 70, "mpirun not found on PATH (", "mpirun missing"
     )
     assert "Traceback" not in log_of(processes["algo-1"])
 
 
-def test_the_leaders_pip_failing(start: Start) -> None:
+def test_the_leaders_pip_failing(launch: Launch) -> None:
     def leaders_requirements(cluster: Cluster) -> None:
         requirements = cluster.ml_dir("algo-1") / "code" / "requirements.txt"
         requirements.write_text("--no-index\nsmhvd-no-such-pkg\n")
 
-    cluster, processes = start(leaders_requirements)
+    cluster, processes = launch("sleep", prepare=leaders_requirements, seconds=300)
     assert_worker_ended_with_the_leader(
         cluster, processes, 70, "/opt/ml/code/requirements.txt: pip install failed (exit 1)", "pip failing"
     )
 
 
-def test_a_configuration_error_only_the_leader_finds(start: Start) -> None:
+def test_a_configuration_error_only_the_leader_finds(launch: Launch) -> None:
     """Its own environment asks for XML output (OMPI_MCA_orte_xml_output=1), which the launcher refuses."""
-    cluster, processes = start(env={"algo-1": {"OMPI_MCA_orte_xml_output": "1"}})
+    cluster, processes = launch("sleep", env={"algo-1": {"OMPI_MCA_orte_xml_output": "1"}}, seconds=300)
     assert_worker_ended_with_the_leader(
         cluster, processes, 78, "environment: OMPI_MCA_orte_xml_output: expected", "configuration error"
     )
 
 
-def test_an_internal_error_of_the_leader(start: Start) -> None:
+def test_an_internal_error_of_the_leader(launch: Launch) -> None:
     """A file where the leader's output data directory goes: its launcher fails where it never expected to."""
 
     def file_in_the_way(cluster: Cluster) -> None:
@@ -157,7 +111,7 @@ def test_an_internal_error_of_the_leader(start: Start) -> None:
         shutil.rmtree(data)
         data.write_text("not a directory")
 
-    cluster, processes = start(file_in_the_way)
+    cluster, processes = launch("sleep", prepare=file_in_the_way, seconds=300)
     assert_worker_ended_with_the_leader(
         cluster, processes, 70, "launcher internal error: FileExistsError(", "internal error"
     )
@@ -177,8 +131,8 @@ def wait_linked(processes: dict[str, HostProcess]) -> None:
     )
 
 
-def test_a_stop_of_the_leader_while_it_prepares(start: Start) -> None:
-    cluster, processes = start(hold_the_leaders_pip)
+def test_a_stop_of_the_leader_while_it_prepares(launch: Launch) -> None:
+    cluster, processes = launch("sleep", env=DEBUG, prepare=hold_the_leaders_pip, seconds=300)
     wait_linked(processes)
     processes["algo-1"].send_signal(signal.SIGTERM)
     assert {host: process.wait(120) for host, process in processes.items()} == dict.fromkeys(HOSTS, 143)
@@ -188,10 +142,12 @@ def test_a_stop_of_the_leader_while_it_prepares(start: Start) -> None:
     assert gap < WORKER_BOUND
 
 
-def test_the_leaders_launcher_killed_outright_after_it_reached_the_worker(start: Start) -> None:
+def test_the_leaders_launcher_killed_outright_after_it_reached_the_worker(launch: Launch) -> None:
     """SIGKILL to every process of the leader's host: nothing can say `end`; the worker's link closes after
     `linked` and before `start`, which only the leader's end can do."""
-    cluster, processes = start(hold_the_leaders_pip, launcher_leader_timeout_seconds=600)
+    cluster, processes = launch(
+        "sleep", (), DEBUG, hold_the_leaders_pip, seconds=300, launcher_leader_timeout_seconds=600
+    )
     wait_linked(processes)
     cluster.host("algo-1").kill_processes(signal.SIGKILL)
     code = processes["algo-2"].wait(120)
@@ -204,8 +160,8 @@ def test_the_leaders_launcher_killed_outright_after_it_reached_the_worker(start:
     assert gap < WORKER_BOUND
 
 
-def test_only_a_worker_that_never_reached_a_leader_waits_its_timeout(start: Start) -> None:
-    cluster, processes = start(down=("algo-1",), launcher_leader_timeout_seconds=5)
+def test_only_a_worker_that_never_reached_a_leader_waits_its_timeout(launch: Launch) -> None:
+    cluster, processes = launch("sleep", down=("algo-1",), launcher_leader_timeout_seconds=5)
     assert processes["algo-2"].wait(120) == 69
     waited = (processes["algo-2"].ended or 0.0) - processes["algo-2"].started
     assert 5.0 <= waited < 120.0
