@@ -167,15 +167,16 @@ class LauncherOwnOptions:
         "launcher_peer_timeout_seconds",
         PEER_TIMEOUT,
         number(1, MAX_SECONDS),
-        "leader: how long to wait for every worker; the error names each host that never answered and its "
-        "last ssh error",
+        "leader: how long to wait for every worker, from its start; the error names each host that never "
+        "answered and its last ssh error",
         readme="how long the leader waits for every worker",
     )
     leader_timeout: float = option(
         "launcher_leader_timeout_seconds",
         LEADER_TIMEOUT,
         number(1, MAX_SECONDS),
-        "worker: how long to wait for the leader to start the job",
+        "worker: how long to wait for the leader to start the job, from its start (a leader that ends before "
+        "the start tells its workers at once)",
         readme="how long a worker waits for the leader",
     )
     forward_env: tuple[str, ...] = option(
