@@ -28,8 +28,9 @@ setup: $(SETUP_STAMP) ## install system packages and the .venv (Open MPI, sshd, 
 demo: setup ## README command 1: Horovod Keras MNIST, 2 processes through `train`, prints test accuracy
 	$(PY) -m smhvd_dev.demo --processes 2
 
+# The 30 slowest tests close the report: where CI's minutes go (it must stay under 45) is read off every run.
 test: setup lint ## README command 2: lint, then every test tier (unit, integration, cluster, images)
-	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests
+	$(PY) -m pytest -p no:cacheprovider --durations=30 $(PYTEST_ARGS) tests
 
 test-fast: setup ## unit tests only (seconds)
 	$(PY) -m pytest -p no:cacheprovider -m 'not integration' $(PYTEST_ARGS) tests
