@@ -1,13 +1,8 @@
-"""`train` as two processes, so that nothing of a job outlives a `train` killed outright (SIGKILL).
-
-The launcher is a child subreaper: what a process of the job leaves behind is re-parented to it and ended
-with the job, while it lives. Killed with SIGKILL it cannot act, and its orphans would run on (ranks that
-ignore SIGTERM, their children in sessions of their own, holding the GPUs and the checkpoint directory). So
-the process started is a keeper and the launcher its child: the keeper passes on every catchable signal and
-exits as the launcher did; when the keeper dies, the kernel sends the launcher KEEPER_GONE
-(PR_SET_PDEATHSIG), and it SIGKILLs everything below it and exits, within END_BOUND_SECONDS. (In a container
-`train` is PID 1: the kernel ends everything anyway.) The launcher has a process group of its own, so that a
-signal to the keeper's group (Ctrl-C, `timeout`) reaches it once: two would read as two stops.
+"""`train` as two processes, so that nothing of a job outlives a `train` killed outright (SIGKILL): a
+SIGKILLed launcher cannot end its orphans (ranks that ignore SIGTERM, in sessions of their own). The process
+started is a keeper that passes on every catchable signal and exits as its child, the launcher, did; when the
+keeper dies, the kernel sends the launcher KEEPER_GONE (PR_SET_PDEATHSIG), and it SIGKILLs everything below
+it. The launcher has a process group of its own: a signal to the keeper's group reaches it once, not twice.
 """
 
 from __future__ import annotations
@@ -38,9 +33,7 @@ PASSED_ON = (
     signal.SIGCONT,
     signal.SIGWINCH,
 )
-END_BOUND_SECONDS = (
-    2  # what docs/signals say: a killed train's job is gone within this long (measured: 0.1 s)
-)
+END_BOUND_SECONDS = 2  # a killed train's job is gone within this long, as the docs say (measured: 0.1 s)
 _ROUNDS = 50  # SIGKILL rounds at most: each takes what was forked or re-parented since the last one
 
 
