@@ -1,13 +1,8 @@
 """The rank wrapper mpirun starts for every rank: `python -m smhvd.rank`, the program's argv in
-SMHVD_RANK_ARGV (no user value is parsed by mpirun), or `python -m smhvd.rank -- PROGRAM ARGS`.
-
-- Takes its host's own environment from the `train` that started it (hostenv/client.py): each rank sees its
-  own SM_CURRENT_HOST and its container's variables; without it the rank does not start (69, one line).
-- Passes the program's output on as whole tagged lines (mpi/lines.py), under the launcher as frames on its
-  stderr with its start and failure reports (wire.py), which the leader joins again (mpi/output.py).
-- Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP; a stop that ends the program is a clean exit (mpirun does
-  not kill the others while they checkpoint). The program dies with the wrapper, and what it left running
-  is killed when it exits.
+SMHVD_RANK_ARGV (no user value is parsed by mpirun), or `python -m smhvd.rank -- PROGRAM ARGS`. It takes its
+host's own environment from its `train` (hostenv/client.py), passes the program's output on as frames
+(docs/output.md), and forwards signals: a stop that ends the program is a clean exit (mpirun does not kill
+the others while they checkpoint). What the program left running is killed when it exits.
 """
 
 from __future__ import annotations
@@ -55,10 +50,9 @@ TAIL_BYTES = 8192  # of the program's stderr, the end kept for a failure report
 
 
 def local_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment for the program on this host: what mpirun forwarded, merged with the environment this
-    host's own `train` serves (its container's variables and its own SM_* values; see hostenv/server.py).
-    Started directly (not by mpirun under `train`): the environment as it is. HostEnvError when the host's
-    environment cannot be had: a rank never runs with another host's identity."""
+    """What mpirun forwarded, merged with what this host's own `train` serves (hostenv/server.py); started
+    directly, `env` as it is. HostEnvError when that cannot be had: a rank never runs with another host's
+    identity."""
     if not env.get(HOSTENV_SERVED_FROM):
         return dict(env)
     options = read_env_options(env)
@@ -120,8 +114,7 @@ class Streams:
         self.armed: float | None = None  # the deadline the timer is set for
 
     def follow(self) -> None:
-        """Until the program exits (proc/loop.follow_output: not until every copy of its pipes closes), then
-        what is already in its pipes, bounded, and the unfinished last lines."""
+        """Until the program exits (proc/loop.follow_output), then the unfinished last lines."""
         follow_output(self.proc.pid, list(self.streams), self._output, self.timers)
         for lines, kinds in self.streams.values():
             self.sink.out(kinds, lines.finish())

@@ -83,21 +83,16 @@ def fetch_source(source: Source, region: str | None) -> None:
         archive = Path(source.location)
         if source.kind == "s3":
             archive = Path(tmp) / "sourcedir.tar.gz"
-            download_s3(source.location, archive, region, key)
+            # in a child process (s3_download.py): a stop ends it, and boto3's threads, at once
+            argv = [sys.executable, "-m", "smhvd.s3_download", source.location, str(archive), region or ""]
+            result = run_step(argv)
+            if result.returncode != 0:
+                why = last_line(result.stderr, f"exit {result.returncode}")
+                raise SourceError(f"{key}: could not download {source.location}: {why}")
         staging = Path(tmp) / "code"
         extract_archive(archive, staging, f"{key}: {source.location}")
         source.code_dir.mkdir(parents=True, exist_ok=True)
         shutil.copytree(staging, source.code_dir, dirs_exist_ok=True)
-
-
-def download_s3(uri: str, target: Path, region: str | None, key: str) -> None:
-    """Download in a child process (s3_download.py): a stop ends it, and its threads, at once. `key`: the
-    setting that named `uri`, for the error."""
-    argv = [sys.executable, "-m", "smhvd.s3_download", uri, str(target), region or ""]
-    result = run_step(argv)
-    if result.returncode != 0:
-        why = last_line(result.stderr, f"exit {result.returncode}")
-        raise SourceError(f"{key}: could not download {uri}: {why}")
 
 
 def extract_archive(archive: Path, target: Path, label: str) -> None:

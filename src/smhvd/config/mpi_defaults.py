@@ -9,9 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-# When a default applies: always; when the ranks on a host fill its cores; when the hosts' network interface
-# is known (several hosts); when mpirun starts orted over ssh (several hosts: its generated ssh config); and
-# with more hosts than Open MPI's own 128 concurrent ssh sessions.
+# When a default applies: always; when the ranks fill a host's cores; when the hosts' interface is known;
+# when mpirun starts orted over ssh; with more hosts than Open MPI's own 128 concurrent ssh sessions.
 When = Literal["always", "ranks_fill_cores", "interface", "ssh", "many_hosts"]
 
 
@@ -57,9 +56,8 @@ MPI_DEFAULTS = (
         ),
     ),
     MpiDefault("orte_abort_on_non_zero_status", ("--mca", "orte_abort_on_non_zero_status", "1")),
-    MpiDefault(
-        "odls_base_sigkill_timeout", ("--mca", "odls_base_sigkill_timeout", "0")
-    ),  # abort in ms, not 1-3 s
+    # abort in ms, not 1-3 s
+    MpiDefault("odls_base_sigkill_timeout", ("--mca", "odls_base_sigkill_timeout", "0")),
     MpiDefault("mpi_yield_when_idle", ("--mca", "mpi_yield_when_idle", "1"), "ranks_fill_cores"),
     MpiDefault(
         "btl_tcp_if_include",

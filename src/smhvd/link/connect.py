@@ -71,20 +71,6 @@ def ssh_command(ssh_config: Path, host: str, remote: Sequence[str]) -> list[str]
     return ["ssh", "-F", str(ssh_config), host, shlex.join(remote)]
 
 
-def close_all(links: Sequence[WorkerLink], timeout: float = CLOSE_TIMEOUT) -> None:
-    """Hang up on every link, then wait for their ends (a pidfd each) under one deadline; kill the rest."""
-    for link in links:
-        link.hang_up()
-    wait_exits([link.proc.pid for link in links if link.proc.poll() is None], timeout)
-    for link in links:
-        if link.proc.poll() is None:
-            link.proc.kill()
-        link.proc.wait()
-        for pipe in (link.proc.stdout, link.proc.stderr):
-            if pipe is not None:
-                pipe.close()
-
-
 class Said:
     """An attempt's output searched for READY as it comes, in bounded memory: only what may still start
     READY is carried, and the last SAID_KEPT bytes for the error."""
@@ -228,7 +214,8 @@ class Linking:
         return {w.host: w.told for w in self.workers}
 
     def close(self) -> None:
-        """End every probe and attempt under way, hang up on every link and wait for their ends."""
+        """End every probe and attempt under way, hang up on every link, then wait for their ends (a pidfd
+        each) under one deadline; kill the rest."""
         for worker in self.workers:
             self._end_probe(worker)
             if worker.proc is not None:
@@ -236,7 +223,16 @@ class Linking:
                 proc.kill()
                 proc.communicate()
         self.loop.close()
-        close_all(self.links)
+        for link in self.links:
+            link.hang_up()
+        wait_exits([link.proc.pid for link in self.links if link.proc.poll() is None], CLOSE_TIMEOUT)
+        for link in self.links:
+            if link.proc.poll() is None:
+                link.proc.kill()
+            link.proc.wait()
+            for pipe in (link.proc.stdout, link.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
 
     def _timed_out(self) -> None:
         missing = "; ".join(f"{w.host}: {w.last_error}" for w in self.workers if w.link is None)

@@ -1,9 +1,6 @@
-"""The mpirun command line: the plan (`plan_for`, from the job), then a pure function from plan to argv.
-
-Defaults are named (config/mpi_defaults.py). A user's option (custom_mpi_options, or an `OMPI_MCA_<key>`
-variable) that sets what a default sets, or what Open MPI refuses beside it, replaces that default
-(`--mca btl_tcp_if_exclude lo` drops our `btl_tcp_if_include`); `launcher_drop_mpi_defaults` drops defaults
-by name. The plan owns the hostfile and the one decision whether mpirun spans hosts (`MpiPlan.multi_host`).
+"""The mpirun command line: the plan (`plan_for`, from the job), then a pure function from plan to argv. The
+defaults are config/mpi_defaults.py's, each replaced by a user's option that sets it or conflicts with it.
+The plan owns the hostfile and the one decision whether mpirun spans hosts (`MpiPlan.multi_host`).
 """
 
 from __future__ import annotations
@@ -73,8 +70,7 @@ AWS_CREDENTIAL_NAMES = (
 )
 
 LOCAL_HOSTS = ("localhost",)  # a one-host job's hostfile: mpirun starts no orted over ssh
-# In the run directory: the job's hostfile, and the ssh client config that starts orted on the other MPI
-# hosts (the leader writes it for its links to every host too).
+# In the run directory: the job's hostfile, and the ssh client config (mpirun's orted, the leader's links).
 HOSTFILE = "hostfile"
 SSH_CONFIG = "ssh_config"
 
@@ -92,9 +88,7 @@ class MpiPlan:
     custom_options: tuple[str, ...] = ()
     drop_defaults: frozenset[str] = frozenset()
     env_mca: frozenset[str] = frozenset()  # MCA keys the job's environment sets (OMPI_MCA_<key>)
-    # The hostfile's hosts, the leader first: the MPI hosts, or LOCAL_HOSTS. mpirun starts an orted on each
-    # of the others over ssh.
-    hosts: tuple[str, ...] = LOCAL_HOSTS
+    hosts: tuple[str, ...] = LOCAL_HOSTS  # the hostfile's, the leader first: the MPI hosts, or LOCAL_HOSTS
     slots: int = 1  # ranks per host: the hostfile's `slots=N`
 
     def __post_init__(self) -> None:

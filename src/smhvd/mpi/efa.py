@@ -24,10 +24,10 @@ no EFA (the security group or the image's EFA software is missing, and the job w
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from smhvd.proc.steps import StepResult, run_step
+from smhvd.proc.steps import run_step
 
 PROBE_ARGV = ("fi_info", "-p", "efa", "-t", "FI_EP_RDM", "-v")
 PROBE_TIMEOUT = 15.0
@@ -70,15 +70,11 @@ def read_probe(returncode: int | None, stdout: str, stderr: str) -> EfaProbe:
     return EfaProbe(False, NO_DEVICE if "fi_getinfo: -61" in last else f"fi_info -p efa: {last[:200]}")
 
 
-def _run_probe(argv: Sequence[str], timeout: float) -> StepResult:
-    return run_step(argv, timeout=timeout)
-
-
-def probe(run: Callable[[Sequence[str], float], StepResult] = _run_probe) -> EfaProbe:
+def probe() -> EfaProbe:
     """Run fi_info as a step (proc/steps.py): bounded, stopped with whatever it starts, nothing of it left
     running afterwards; its output is data (bytes that are not UTF-8 are replaced, never an error)."""
     try:
-        result = run(PROBE_ARGV, PROBE_TIMEOUT)
+        result = run_step(PROBE_ARGV, timeout=PROBE_TIMEOUT)
     except FileNotFoundError:
         return read_probe(None, "", "")
     except OSError as exc:

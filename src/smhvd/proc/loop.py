@@ -160,9 +160,6 @@ class Scope(Closing):
     def stop(self) -> None:
         self.loop.stop()
 
-    def stopped(self) -> bool:
-        return self.loop.stopped()
-
     def run(self) -> None:
         self.loop.run()
 

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -129,18 +129,6 @@ def dump_file_name(host: str, rank: int | None) -> str:
         digest = hashlib.sha256(host.encode()).hexdigest()[:12]
         safe = safe.encode()[:120].decode(errors="ignore") + "-" + digest
     return safe + suffix
-
-
-def dump_host(host: str, out_dir: Path, ranks: Sequence[RankProcess] | None = None) -> Iterator[RankDump]:
-    """Dump this host's ranks in parallel, each as it is done; each dump is bounded, so the whole is too."""
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    todo = list(find_ranks(host, out_dir) if ranks is None else ranks)
-    if not todo:
-        return
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
-        done = [pool.submit(dump_one, rank, host, out_dir, py_spy) for rank in todo]
-        for future in concurrent.futures.as_completed(done):
-            yield future.result()
 
 
 def summary_line(dumps: Iterable[RankDump], reason: str) -> str:
@@ -319,10 +307,8 @@ class Dumps:
 
     def _listen_for_silence(self) -> None:
         if self.silence is not None and self.timers is not None:
-            self.timers.after(self.silence_timer, self.silence, self._silent)
-
-    def _silent(self) -> None:
-        self.dump(f"no output from any rank for {self.silence:g}s")
+            why = f"no output from any rank for {self.silence:g}s"
+            self.timers.after(self.silence_timer, self.silence, lambda: self.dump(why))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,8 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         sys.stderr.write("usage: python -m smhvd.report.stacks HOST OUTPUT_DATA_DIR\n")
         return 64
-    for dump in dump_host(args[0], Path(args[1])):
-        print(dump.to_json(), flush=True)
+    host, out_dir = args[0], Path(args[1])
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    todo = find_ranks(host, out_dir)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(todo) or 1)) as pool:
+        done = [pool.submit(dump_one, rank, host, out_dir, py_spy) for rank in todo]
+        for future in concurrent.futures.as_completed(done):  # each dump is bounded, so the whole is too
+            print(future.result().to_json(), flush=True)
     return 0
 
 
