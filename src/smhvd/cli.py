@@ -1,7 +1,5 @@
-"""`train`: the command SageMaker runs in the container (`docker run IMAGE train`).
-
-The one place where errors become exit codes and failure-file text.
-"""
+"""`train`: the command SageMaker runs in the container (`docker run IMAGE train`), and the one place where
+errors become exit codes and failure-file text."""
 
 from __future__ import annotations
 

@@ -83,7 +83,6 @@ def option(
     sets: tuple[Variable, ...] = (),
     readme: str | None = None,
 ) -> T:
-    """A dataclass field that is the option `key` (see the module's docstring)."""
     declared = Option(key, read, doc, shown_default, sets, readme)
     return dataclasses.field(default=default, metadata={_METADATA_KEY: declared})
 

@@ -1,11 +1,6 @@
-"""Script mode: find the training code, fetch and unpack it, install its requirements.txt.
-
-Where the code comes from (`resolve_source`, pure):
-- `sagemaker_submit_directory` = a local directory: used in place;
-- = a local .tar.gz (path or file:// URI): unpacked into <root>/code;
-- = s3://bucket/key.tar.gz: downloaded with boto3 (endpoint: AWS_ENDPOINT_URL_S3) and unpacked;
-- absent: <root>/code (program from `sagemaker_program` or env SAGEMAKER_PROGRAM).
-"""
+"""Script mode: find the training code (`sagemaker_submit_directory`: a local directory used in place, a local
+.tar.gz or an s3:// one unpacked into <root>/code; absent: <root>/code), fetch and unpack it, install its
+requirements.txt."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """What the launcher's processes tell each other through mpirun and the environment, in one place (the two
-cross-host protocols keep theirs in link/ and hostenv/): the rank wrapper's frames in mpirun's stderr (its
-program's lines, its start and failure, joined by the leader: mpi/output.py, docs/output.md); the program's
-argv (RANK_ARGV), TAG_OUTPUT, OUTPUT_CHANNEL and HOSTENV_SERVED_FROM in the ranks' environment; the
-pre-flight's spec and marks. The variables `train` and its ranks both read are env_options.py's."""
+cross-host protocols keep theirs in link/ and hostenv/): the rank wrapper's frames in mpirun's stderr, the
+variables in the ranks' environment, the pre-flight's spec and marks."""
 
 from __future__ import annotations
 
@@ -112,7 +110,6 @@ class RankStart:
     at: float  # wall clock (time.time()) when the rank wrapper started the script
 
     def to_json(self) -> bytes:
-        """One line of JSON."""
         return json.dumps(asdict(self), separators=(",", ":")).encode() + b"\n"
 
     @classmethod

@@ -19,11 +19,9 @@ class MpiDefault:
     name: str
     argv: tuple[str, ...]
     when: When = "always"
-    # Besides the default's own name, the names (mpirun options without dashes, MCA keys) whose presence
-    # among the user's own options replaces it: the MCA parameter behind the same option, and what Open MPI
-    # refuses beside it: "Conflicting directives for mapping/binding policy" (checked with Open MPI 4.1:
-    # --rankfile, --ppr, --bynode, --bind-to-core, --bind-to-socket exit 1 next to --map-by/--bind-to), and
-    # the include/exclude interface lists, which ompi_info documents as mutually exclusive.
+    # Besides its own name, the names among the user's options (without dashes, MCA keys) that replace it:
+    # the MCA parameter behind the same option, and what Open MPI 4.1 refuses beside it ("Conflicting
+    # directives for mapping/binding policy"; include/exclude interface lists are mutually exclusive).
     conflicts: frozenset[str] = frozenset()
 
 

@@ -38,9 +38,8 @@ def leader_directory() -> Path:
 
 
 def reclaim_leaders_leftovers(uid: int | None = None, now: float | None = None) -> list[Path]:
-    """Remove the job directories of this user's leaders whose `train` is gone (killed by SIGKILL, it could
-    not remove its own): only what this module writes there, then the directory if that left it empty.
-    Best effort: what cannot be read or removed stays. Returns the directories removed."""
+    """Remove (best effort) the job directories of this user's leaders whose `train` is gone (a SIGKILLed one
+    could not): only what this module writes there, then the directory if now empty. What it removed."""
     uid = os.geteuid() if uid is None else uid
     now = time.time() if now is None else now
     pattern = directory("job-", uid)

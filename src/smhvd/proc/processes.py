@@ -1,5 +1,4 @@
-"""Process-tree utilities: child subreaper (a daemonizing orted is re-parented to the launcher, which ends it
-with the job and reaps it: `reap_orphans`), descendants from /proc, this host's ranks, signalling a tree."""
+"""Process-tree utilities: child subreaper, descendants from /proc, this host's ranks, signalling a tree."""
 
 from __future__ import annotations
 
@@ -156,7 +155,6 @@ def state(pid: int) -> str | None:
 
 
 def is_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
     return state(pid) not in (None, "Z")
 
 

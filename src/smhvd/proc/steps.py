@@ -95,13 +95,9 @@ def run_step(
 
 @contextlib.contextmanager
 def private_tmpdir(parent: Path | None = None) -> Iterator[Path]:
-    """A new directory (0700) under `parent` (default: this process's temporary directory), removed with
-    everything in it when the block ends, however it ends. A stop that lands during the removal is raised
-    after it (PreparationSignals acts on the first stop only, so the second attempt runs undisturbed).
-
-    While the block runs, this process holds a lock on the directory (made under a hidden name, locked, then
-    renamed into place, so that no other train finds it unlocked); directories whose holder is gone are
-    removed first (`remove_abandoned`)."""
+    """A new directory (0700) under `parent` (default: the temporary directory), removed with everything in
+    it however the block ends. This process holds a lock on it meanwhile (made under a hidden name, locked,
+    then renamed into place: no other train finds it unlocked); ones whose holder is gone go first."""
     parent = parent or Path(tempfile.gettempdir())
     remove_abandoned(parent)
     name = f"{TMPDIR_PREFIX}{secrets.token_hex(8)}"

@@ -155,15 +155,8 @@ def parse_dumps(lines: Iterable[str]) -> list[RankDump]:
     for line in lines:
         try:
             data: Mapping[str, object] = json.loads(line)
-            rank = data["rank"]
-            dumps.append(
-                RankDump(
-                    rank if isinstance(rank, int) else None,
-                    str(data["host"]),
-                    str(data["where"]),
-                    str(data["file"]),
-                )
-            )
+            rank = data["rank"] if isinstance(data["rank"], int) else None
+            dumps.append(RankDump(rank, *(str(data[key]) for key in ("host", "where", "file"))))
         except (ValueError, KeyError, TypeError):
             continue
     return dumps
