@@ -45,12 +45,9 @@ def render_sshd_config(port: int, host_keys: Sequence[Path], pid_file: Path) -> 
     return "\n".join(lines) + "\n"
 
 
-# Key exchanges, fastest first. OpenSSH 9's default, the post-quantum hybrid sntrup761x25519, costs the client
-# about 80 ms of CPU per connection (14 ms in all with curve25519): the leader opens two connections per
-# worker (its link, mpirun's orted), which at 32 hosts was 3 s of the leader's CPU (docs/benchmarks.md). The
-# sessions only carry the launch; the ranks' own traffic is not encrypted by ssh anyway. Every name is
-# known to OpenSSH 7.4 and later (an unknown name is a configuration error); a FIPS-only server still finds
-# the NIST curves and DH groups.
+# Key exchanges, fastest first: OpenSSH 9's default (sntrup761x25519) costs the client about 80 ms of CPU per
+# connection, 14 ms with curve25519, and the leader opens two per worker (3 s at 32 hosts); the sessions only
+# carry the launch. Every name is known to OpenSSH 7.4+; a FIPS-only server still finds the NIST ones.
 KEX_ALGORITHMS = (
     "curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,ecdh-sha2-nistp384,"
     "ecdh-sha2-nistp521,diffie-hellman-group-exchange-sha256,diffie-hellman-group16-sha512,"
