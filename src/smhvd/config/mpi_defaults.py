@@ -36,21 +36,10 @@ MPI_DEFAULTS = (
         "map-by",
         ("--map-by", "slot"),
         conflicts=frozenset(
-            {
-                "rmaps_base_mapping_policy",
-                "rankfile",
-                "rmaps_rank_file_path",
-                "ppr",
-                "npernode",
-                "pernode",
-                "npersocket",
-                "bynode",
-                "byslot",
-                "bycore",
-                "bysocket",
-                "byboard",
-                "rmaps_base_bynode",
-            }
+            (
+                "rmaps_base_mapping_policy rankfile rmaps_rank_file_path ppr npernode pernode npersocket "
+                "bynode byslot bycore bysocket byboard rmaps_base_bynode"
+            ).split()
         ),
     ),
     MpiDefault("orte_abort_on_non_zero_status", ("--mca", "orte_abort_on_non_zero_status", "1")),

@@ -22,17 +22,10 @@ from smhvd.wire import HOSTENV_SERVED_FROM
 
 # The variables that differ between hosts (environment.host_env sets them): per host, never the leader's.
 HOST_KEYS = frozenset(
-    {
-        "SM_CURRENT_HOST",
-        "SM_NUM_CPUS",
-        "SM_NUM_GPUS",
-        "SM_RESOURCE_CONFIG",
-        "SM_TRAINING_ENV",
-        "SM_NETWORK_INTERFACE_NAME",
-        "SM_CURRENT_INSTANCE_TYPE",
-        "SM_CURRENT_INSTANCE_GROUP",
-        "SM_CURRENT_INSTANCE_GROUP_HOSTS",
-    }
+    (
+        "SM_CURRENT_HOST SM_NUM_CPUS SM_NUM_GPUS SM_RESOURCE_CONFIG SM_TRAINING_ENV SM_CURRENT_INSTANCE_TYPE "
+        "SM_NETWORK_INTERFACE_NAME SM_CURRENT_INSTANCE_GROUP SM_CURRENT_INSTANCE_GROUP_HOSTS"
+    ).split()
 )
 _MAX_BYTES = 64 * 1024 * 1024
 SEALED = fcntl.F_SEAL_WRITE  # what hostenv/server.py always sets
