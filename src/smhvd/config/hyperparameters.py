@@ -88,9 +88,7 @@ def is_reserved(key: str) -> bool:
     return key.startswith(RESERVED_PREFIXES)
 
 
-def split_hyperparameters(
-    decoded: Mapping[str, object],
-) -> tuple[dict[str, object], dict[str, object]]:
+def split_hyperparameters(decoded: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:
     """(launcher keys, user keys)."""
     reserved = {k: v for k, v in decoded.items() if is_reserved(k)}
     user = {k: v for k, v in decoded.items() if not is_reserved(k)}

@@ -10,29 +10,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from signal import SIGALRM, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH
 from types import FrameType
 
-from smhvd.proc.processes import (
-    become_subreaper,
-    descendants_of,
-    die_with_parent,
-    read_process_table,
-    signal_pids,
-)
+from smhvd.proc import processes
 
 KEEPER_GONE = signal.SIGRTMIN + 1  # the launcher's parent-death signal: not one anything else sends
 # Passed on from the keeper to the launcher: every signal a user or SageMaker may send that can be caught.
-PASSED_ON = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGALRM,
-    signal.SIGCONT,
-    signal.SIGWINCH,
-)
+PASSED_ON = (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCONT, SIGWINCH)
 END_BOUND_SECONDS = 2  # a killed train's job is gone within this long, as the docs say (measured: 0.1 s)
 _ROUNDS = 50  # SIGKILL rounds at most: each takes what was forked or re-parented since the last one
 
@@ -45,9 +30,9 @@ def split() -> None:
     child = os.fork()
     if child == 0:
         os.setpgid(0, 0)
-        become_subreaper()
+        processes.become_subreaper()
         signal.signal(KEEPER_GONE, _end_the_job)
-        die_with_parent(KEEPER_GONE)
+        processes.die_with_parent(KEEPER_GONE)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if os.getppid() != keeper:  # the keeper died before the line above could take effect
             _end_the_job(KEEPER_GONE, None)
@@ -79,11 +64,11 @@ def _end_the_job(_signum: int, _frame: FrameType | None) -> None:
     is re-parented here meanwhile), then exit. No report: whoever killed the keeper asked for this."""
     me = os.getpid()
     for _ in range(_ROUNDS):
-        table = read_process_table()
-        alive = [pid for pid in descendants_of(me, table) if table[pid][1] != "Z"]
+        table = processes.read_process_table()
+        alive = [pid for pid in processes.descendants_of(me, table) if table[pid][1] != "Z"]
         if not alive:
             break
-        signal_pids(reversed(alive), signal.SIGKILL)
+        processes.signal_pids(reversed(alive), signal.SIGKILL)
         for pid in alive:  # a wait on the kernel's word for the children killed, not a sleep
             if table[pid][0] == me:
                 with contextlib.suppress(ChildProcessError):
