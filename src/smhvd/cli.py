@@ -43,15 +43,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "a SageMaker tree, this machine) and exit 0, or 75 naming what is wrong (docs/preflight.md)",
     )
     parser.add_argument(
-        "--base-dir",
-        type=Path,
-        default=None,
-        help="the SageMaker root (env SAGEMAKER_BASE_DIR, default /opt/ml)",
+        "--base-dir", type=Path, help="the SageMaker root (env SAGEMAKER_BASE_DIR, default /opt/ml)"
     )
     parser.add_argument(
         "--log-level",
         type=_log_level_arg,
-        default=None,
         help="launcher log level: DEBUG, INFO, WARNING, ERROR (any case) or a number, 0 for every record "
         "(env SMHVD_LOG_LEVEL; default: the SDK's sagemaker_container_log_level hyperparameter, else INFO)",
     )

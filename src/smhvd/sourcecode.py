@@ -136,13 +136,7 @@ def program_command(path: Path, code_dir: Path, python: str = sys.executable) ->
     return [python, str(path)]
 
 
-def install_requirements(
-    code_dir: Path,
-    python: str = sys.executable,
-    *,
-    name: str = "requirements.txt",
-    named_by: tuple[str, str] | None = None,
-) -> bool:
+def install_requirements(code_dir: Path, *, name: str, named_by: tuple[str, str] | None) -> bool:
     """pip install -r NAME (requirements.txt) when the code has one; True when something was installed.
     `named_by` (file, key): the file was asked for by name there, and its absence is an error naming them.
     pip runs as a step (proc/steps.py): a stop ends it and everything it started at once."""
@@ -151,7 +145,7 @@ def install_requirements(
         if named_by is not None:
             raise ConfigError(*named_by, f"a file in {code_dir}", name)
         return False
-    argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
+    argv = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
     result = run_step(argv, cwd=code_dir, echo=True, merge_stderr=True)  # shown in the job's log as it comes
     if result.returncode != 0:
         tail = [line.strip() for line in result.text()[0].splitlines() if line.strip()][-3:]

@@ -156,12 +156,7 @@ class RankFailure:
     def from_json(cls, line: bytes) -> RankFailure | None:
         try:
             data = json.loads(line)
-            return cls(
-                rank=data.get("rank"),
-                host=data.get("host"),
-                exit_code=data.get("exit_code"),
-                signal=data.get("signal"),
-                stderr_tail=str(data.get("stderr_tail") or ""),
-            )
+            fields = {key: data.get(key) for key in ("rank", "host", "exit_code", "signal")}
+            return cls(**fields, stderr_tail=str(data.get("stderr_tail") or ""))
         except (ValueError, TypeError, AttributeError):
             return None

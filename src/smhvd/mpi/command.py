@@ -137,17 +137,8 @@ def build_mpirun_argv(plan: MpiPlan) -> list[str]:
     # A default is skipped when the user's options set it (or what conflicts with it), when it is dropped by
     # name, or, for a variable, when the environment's own value is forwarded.
     skip = overridden_names(plan.custom_options, plan.env_mca) | set(plan.drop_defaults) | set(plan.forward)
-    argv = [
-        "mpirun",
-        "--allow-run-as-root",
-        "--tag-output",  # the leader reads the ranks' output by these tags (mpi/output.py)
-        "-np",
-        str(plan.num_processes),
-        "--hostfile",
-        str(plan.hostfile),
-        "-wdir",
-        str(plan.workdir),
-    ]
+    argv = ["mpirun", "--allow-run-as-root", "--tag-output"]  # the leader reads these tags (mpi/output.py)
+    argv += ["-np", str(plan.num_processes), "--hostfile", str(plan.hostfile), "-wdir", str(plan.workdir)]
     for name, option in default_options(plan):
         if name not in skip:
             argv += option

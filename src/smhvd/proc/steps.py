@@ -207,11 +207,11 @@ def _reap(pids: Iterable[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
-def end_tree(proc: subprocess.Popen[bytes], before: set[int], grace: float = STOP_GRACE) -> None:
-    """SIGTERM to the step's group and every process started since it began; SIGKILL after `grace` to what
-    is still alive; the step and the orphans it left reaped."""
+def end_tree(proc: subprocess.Popen[bytes], before: set[int]) -> None:
+    """SIGTERM to the step's group and every process started since it began; SIGKILL STOP_GRACE later to
+    what is still alive; the step and the orphans it left reaped."""
     _signal_tree(proc, _started_since(before), signal.SIGTERM)
-    _wait_gone(proc, before, grace)
+    _wait_gone(proc, before, STOP_GRACE)
     _kill(proc, before)
 
 

@@ -164,7 +164,7 @@ def parse_dumps(lines: Iterable[str]) -> list[RankDump]:
 
 class StackDumper:
     """Dumps of this host's ranks and, over ssh, `others`', in parallel; one summary line logged and kept
-    (`last_line`) for the failure file."""
+    (`last_line`) for the failure file. `whose`: what the log says it dumps (a worker: its own ranks)."""
 
     def __init__(
         self,
@@ -172,13 +172,10 @@ class StackDumper:
         out_dir: Path,
         others: Sequence[str],
         ssh_config: Path | None,
-        whose: str = "every rank",  # what the log says it dumps (a worker: its own host's ranks)
+        whose: str = "every rank",
     ) -> None:
-        self.host = host
-        self.whose = whose
-        self.out_dir = out_dir
+        self.host, self.whose, self.out_dir, self.ssh_config = host, whose, out_dir, ssh_config
         self.others = list(others) if ssh_config is not None else []
-        self.ssh_config = ssh_config
         self.last_line: str | None = None
         self._thread: threading.Thread | None = None
         # Readable once the dump `start` began (or the one already running) has ended.

@@ -55,7 +55,7 @@ KEX_ALGORITHMS = (
 )
 
 
-def render_ssh_config(port: int, connect_timeout: int = 5, control_dir: Path | None = None) -> str:
+def render_ssh_config(port: int, control_dir: Path | None = None) -> str:
     """Client side, for the leader's links and for mpirun's orted launches (plm_rsh_args -F). `control_dir`:
     the leader's private run directory, where each link is the master of the connection to its worker
     (docs/multi-host.md)."""
@@ -67,7 +67,7 @@ def render_ssh_config(port: int, connect_timeout: int = 5, control_dir: Path | N
         "  StrictHostKeyChecking no",  # host keys are per image/instance; the hosts are the job's own
         "  UserKnownHostsFile /dev/null",
         "  LogLevel ERROR",
-        f"  ConnectTimeout {connect_timeout}",
+        "  ConnectTimeout 5",
         "  ServerAliveInterval 5",
         "  ServerAliveCountMax 3",
         "  ForwardAgent no",

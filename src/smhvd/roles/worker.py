@@ -96,11 +96,11 @@ class OutsideScript:
             code, f"the script on {self.host} (outside the MPI instance groups) exited with code {code}"
         )
 
-    def stop(self, grace: float = OUTSIDE_STOP_GRACE) -> None:
+    def stop(self) -> None:
         if self.proc.poll() is None:
             log.info("the job ended: stopping the script on %s", self.host)
             self.proc.terminate()
-            if not wait_exits([self.proc.pid], grace):
+            if not wait_exits([self.proc.pid], OUTSIDE_STOP_GRACE):
                 self.proc.kill()
         self.proc.wait()
 
