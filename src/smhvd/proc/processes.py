@@ -179,9 +179,9 @@ def signal_pids(pids: Iterable[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def kill_descendants(root: int | None = None) -> None:
+def kill_descendants() -> None:
     """SIGKILL every descendant: what is left when a role ends must not outlive it."""
-    signal_pids(reversed(descendants(root)), signal.SIGKILL)
+    signal_pids(reversed(descendants()), signal.SIGKILL)
     reap_orphans(())
 
 
