@@ -1,8 +1,6 @@
-"""A rank's side of its host's environment: where its `train` holds it (`rank_directory`: the leader's
-directory, or its worker's, named after SMHVD_SSH_PORT), read only from the `train` that started it (`fetch`,
-retried within SMHVD_HOSTENV_TIMEOUT while there is none yet), merged (`merge`). Without it a rank fails in
-one line (HostEnvUnavailable). Low on purpose: the rank imports neither the roles nor the job's configuration.
-"""
+"""A rank's side of its host's environment: where its `train` holds it (`rank_directory`), read only from the
+`train` that started it (`fetch`), merged (`merge`); without it a rank fails in one line (HostEnvUnavailable).
+Low on purpose: the rank imports neither the roles nor the job's configuration."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
 """Preparation steps (the code's download, pip, the EFA probe) as child processes that end with their tree.
-
 A step runs in its own session, the head and tail of its output kept (a probe reports first, pip fails last).
 However the wait ends, nothing the step started is left: what it left behind is killed when it exits; at its
 deadline, or when an exception (errors.Stopped) reaches the wait, its group and everything started since it

@@ -1,5 +1,4 @@
 """Python stack dumps of every rank, for jobs that hang: where is each rank stuck?
-
 `python -m smhvd.report.stacks HOST OUT_DIR` dumps this host's ranks with py-spy, in parallel and bounded,
 into `OUT_DIR/stacks/<host>-rank<N>.txt`, and prints a JSON line per rank. The leader runs it on every MPI
 host (a worker on its own) and logs one line of where the ranks sit (docs/architecture.md says why a process
