@@ -64,15 +64,10 @@ def descendants_of(root: int, table: Mapping[int, tuple[int, str]]) -> list[int]
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    found: list[int] = []
-    frontier = [root]
+    found, frontier = [], [root]
     while frontier:
-        nxt = []
-        for pid in frontier:
-            for child in sorted(children.get(pid, ())):
-                found.append(child)
-                nxt.append(child)
-        frontier = nxt
+        frontier = [child for pid in frontier for child in sorted(children.get(pid, ()))]
+        found += frontier
     return found
 
 
