@@ -1,2 +1,1 @@
-"""SageMaker Horovod launcher. Entry points: cli (`train`), rank (the rank wrapper), link.relay; its layers
-and modules: docs/architecture.md."""
+"""SageMaker Horovod launcher: entry points cli (`train`), rank and link.relay (docs/architecture.md)."""

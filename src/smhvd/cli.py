@@ -1,7 +1,5 @@
-"""`train`: the command SageMaker runs in the container (`docker run IMAGE train`).
-
-The one place where errors become exit codes and failure-file text.
-"""
+"""`train`: the command SageMaker runs in the container (`docker run IMAGE train`), and the one place where
+errors become exit codes and failure-file text."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from smhvd.config.paths import SageMakerPaths
-from smhvd.env_options import EnvOptions, log_level, read_env_options
+from smhvd.env_options import log_level, read_env_options
 from smhvd.errors import EX_USAGE, ConfigError, LauncherError, Stopped, exit_for
 from smhvd.proc import keeper
 from smhvd.proc.signals import PreparationSignals
@@ -45,25 +43,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "a SageMaker tree, this machine) and exit 0, or 75 naming what is wrong (docs/preflight.md)",
     )
     parser.add_argument(
-        "--base-dir",
-        type=Path,
-        default=None,
-        help="the SageMaker root (env SAGEMAKER_BASE_DIR, default /opt/ml)",
+        "--base-dir", type=Path, help="the SageMaker root (env SAGEMAKER_BASE_DIR, default /opt/ml)"
     )
     parser.add_argument(
         "--log-level",
         type=_log_level_arg,
-        default=None,
         help="launcher log level: DEBUG, INFO, WARNING, ERROR (any case) or a number, 0 for every record "
         "(env SMHVD_LOG_LEVEL; default: the SDK's sagemaker_container_log_level hyperparameter, else INFO)",
     )
     return parser.parse_args(argv)
-
-
-def chosen_level(given: int | None, env: EnvOptions) -> int | None:
-    """The level asked for when `train` starts: `--log-level`, else SMHVD_LOG_LEVEL; None when neither says
-    (the job's sagemaker_container_log_level then applies, else INFO)."""
-    return env.log_level if given is None else given
 
 
 def set_level(level: int) -> None:
@@ -96,7 +84,9 @@ def _main(argv: list[str]) -> int:
         return EX_USAGE if exc.code else 0
     bad_env: ConfigError | None = None
     try:  # every SMHVD_* variable, read once here: a bad one is exit 78 before anything else
-        level = chosen_level(args.log_level, read_env_options(os.environ))
+        env_level = read_env_options(os.environ).log_level
+        # None: neither says (the job's sagemaker_container_log_level then applies, else INFO)
+        level = env_level if args.log_level is None else args.log_level
     except ConfigError as exc:  # reported below, once the log and the failure file can say it
         level, bad_env = args.log_level, exc
     configure_logging(logging.INFO if level is None else level)
@@ -109,16 +99,12 @@ def _main(argv: list[str]) -> int:
     if preflight and not paths.resource_config.exists():  # a workstation: this machine as a one-host job
         with tempfile.TemporaryDirectory(prefix="smhvd-preflight-") as tmp:
             alone = SageMakerPaths(Path(tmp))
-            write_one_host_tree(alone, socket.gethostname())
+            alone.config_dir.mkdir(parents=True)
+            host = socket.gethostname()
+            alone.resource_config.write_text(json.dumps({"current_host": host, "hosts": [host]}))
             os.environ["SAGEMAKER_BASE_DIR"] = tmp
             return _launch(alone, level, preflight=True)
     return _launch(paths, level, preflight=preflight)
-
-
-def write_one_host_tree(paths: SageMakerPaths, host: str) -> None:
-    """The resourceconfig of a one-host job on `host` (`train preflight` outside SageMaker)."""
-    paths.config_dir.mkdir(parents=True)
-    paths.resource_config.write_text(json.dumps({"current_host": host, "hosts": [host]}))
 
 
 def _launch(paths: SageMakerPaths, level: int | None, *, preflight: bool) -> int:

@@ -1,7 +1,6 @@
 """The launcher's own environment variables, each declared once as the hyperparameter options are
-(option_spec.py, with its line in docs/configuration.md's generated table). `train` reads them all at start
-(a bad value: 78 before anything else); the rank reads its own (the ssh port that names its worker's
-directory, how long it waits for its host's environment). Low on purpose: the rank imports this.
+(option_spec.py). `train` reads them all at start (a bad value: 78 before anything else), a rank its own.
+Low on purpose: the rank imports this.
 """
 # ruff: noqa: RUF009 (option() is a dataclasses.field with the declaration in its metadata, not a default)
 

@@ -1,9 +1,6 @@
 """The SM_* environment that SageMaker training scripts expect (names of the sagemaker-training toolkit).
-
-Pure functions: the job in, a dict out. `host_env` holds the part that differs between hosts (the names are
-hostenv/client.HOST_KEYS, which a rank reads); each host's launcher computes it for its own ranks
-(hostenv/server.py), so that every rank sees its own SM_CURRENT_HOST (the stock toolkit gives every rank the
-leader's).
+Pure. `host_env` is the part that differs between hosts (hostenv/client.HOST_KEYS): each host's `train`
+computes it for its own ranks, so that every rank sees its own SM_CURRENT_HOST.
 """
 
 from __future__ import annotations

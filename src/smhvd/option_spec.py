@@ -1,10 +1,8 @@
 """How an option is declared: once, as a field of its frozen options dataclass, and how its value is read.
 
-`timeline: bool = option("horovod_timeline", False, flag, "Horovod timeline ...", sets=(...))`: its key (a
-hyperparameter, or an environment variable: env_options.py), type, default, reader and bounds, the variables
-it sets on every rank, and its docs line. `read_options` builds the dataclass, `option_env` gives the
-variables, `declarations` lists them for the docs (dev/smhvd_dev/option_docs.py). A field without a
-declaration is set by the loader. The lowest layer: the rank reads its environment options with it too.
+`timeline: bool = option("horovod_timeline", False, flag, "Horovod timeline ...", sets=(...))`: its key,
+type, default, reader and bounds, the variables it sets on every rank, and its docs line. `read_options`
+builds the dataclass, `option_env` gives the variables, `declarations` lists them for the docs.
 """
 
 from __future__ import annotations
@@ -48,9 +46,7 @@ class Option:
     doc: str  # one line: docs/configuration.md's table
     shown_default: str | None = None  # the docs' default column when the default value does not say it
     sets: tuple[Variable, ...] = ()
-    readme: str | None = (
-        None  # a shorter line for README.md's table of the options set most (None: not there)
-    )
+    readme: str | None = None  # a shorter line for README.md's table of the options set most
 
     def value(self, reserved: Mapping[str, object], default: object) -> object:
         if self.key not in reserved:
@@ -87,7 +83,6 @@ def option(
     sets: tuple[Variable, ...] = (),
     readme: str | None = None,
 ) -> T:
-    """A dataclass field that is the option `key` (see the module's docstring)."""
     declared = Option(key, read, doc, shown_default, sets, readme)
     return dataclasses.field(default=default, metadata={_METADATA_KEY: declared})
 

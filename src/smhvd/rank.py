@@ -1,13 +1,8 @@
 """The rank wrapper mpirun starts for every rank: `python -m smhvd.rank`, the program's argv in
-SMHVD_RANK_ARGV (no user value is parsed by mpirun), or `python -m smhvd.rank -- PROGRAM ARGS`.
-
-- Takes its host's own environment from the `train` that started it (hostenv/client.py): each rank sees its
-  own SM_CURRENT_HOST and its container's variables; without it the rank does not start (69, one line).
-- Passes the program's output on as whole tagged lines (mpi/lines.py), under the launcher as frames on its
-  stderr with its start and failure reports (wire.py), which the leader joins again (mpi/output.py).
-- Forwards SIGTERM/SIGINT/SIGUSR1/SIGUSR2/SIGHUP; a stop that ends the program is a clean exit (mpirun does
-  not kill the others while they checkpoint). The program dies with the wrapper, and what it left running
-  is killed when it exits.
+SMHVD_RANK_ARGV (no user value is parsed by mpirun), or `python -m smhvd.rank -- PROGRAM ARGS`. It takes its
+host's own environment from its `train` (hostenv/client.py), passes the program's output on as frames
+(docs/output.md), and forwards signals: a stop that ends the program is a clean exit (mpirun does not kill
+the others while they checkpoint). What the program left running is killed when it exits.
 """
 
 from __future__ import annotations
@@ -38,15 +33,6 @@ from smhvd.proc.processes import (
     write_all,
 )
 from smhvd.proc.timers import Timer, Timers
-from smhvd.wire import (
-    HOSTENV_SERVED_FROM,
-    OUTPUT_CHANNEL,
-    OUTPUT_FRAMED,
-    RANK_ARGV,
-    TAG_OUTPUT,
-    RankFailure,
-    RankStart,
-)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 # Stop requests (SageMaker's SIGTERM that mpirun passes on, Ctrl-C): a program they end exits cleanly.
@@ -55,11 +41,10 @@ TAIL_BYTES = 8192  # of the program's stderr, the end kept for a failure report
 
 
 def local_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment for the program on this host: what mpirun forwarded, merged with the environment this
-    host's own `train` serves (its container's variables and its own SM_* values; see hostenv/server.py).
-    Started directly (not by mpirun under `train`): the environment as it is. HostEnvError when the host's
-    environment cannot be had: a rank never runs with another host's identity."""
-    if not env.get(HOSTENV_SERVED_FROM):
+    """What mpirun forwarded, merged with what this host's own `train` serves (hostenv/server.py); started
+    directly, `env` as it is. HostEnvError when that cannot be had: a rank never runs with another host's
+    identity."""
+    if not env.get(wire.HOSTENV_SERVED_FROM):
         return dict(env)
     options = read_env_options(env)
     path = hostenv_client.rank_directory(env, options.ssh_port)
@@ -99,7 +84,8 @@ def not_run(why: str, code: int, rank: int | None, host: str | None, sink: Sink)
     """The program does not run: one line, and the failure report that makes it the job's reported cause."""
     message = f"smhvd.rank: {why}\n"
     sink.send(wire.STDERR, message.encode())
-    sink.send(wire.FAILURE, RankFailure(rank=rank, host=host, exit_code=code, stderr_tail=message).to_json())
+    failure = wire.RankFailure(rank=rank, host=host, exit_code=code, stderr_tail=message)
+    sink.send(wire.FAILURE, failure.to_json())
     return code
 
 
@@ -120,8 +106,7 @@ class Streams:
         self.armed: float | None = None  # the deadline the timer is set for
 
     def follow(self) -> None:
-        """Until the program exits (proc/loop.follow_output: not until every copy of its pipes closes), then
-        what is already in its pipes, bounded, and the unfinished last lines."""
+        """Until the program exits (proc/loop.follow_output), then the unfinished last lines."""
         follow_output(self.proc.pid, list(self.streams), self._output, self.timers)
         for lines, kinds in self.streams.values():
             self.sink.out(kinds, lines.finish())
@@ -151,7 +136,7 @@ class Streams:
 
 def run(program: list[str]) -> int:
     become_subreaper()  # what the program leaves behind is re-parented here, and killed when it exits
-    sink = Sink(framed=os.environ.get(OUTPUT_CHANNEL) == OUTPUT_FRAMED)
+    sink = Sink(framed=os.environ.get(wire.OUTPUT_CHANNEL) == wire.OUTPUT_FRAMED)
     try:
         env = local_env(os.environ)
     except LauncherError as exc:  # no host environment: not SM_CURRENT_HOST, that would be the leader's
@@ -162,7 +147,7 @@ def run(program: list[str]) -> int:
         proc = subprocess.Popen(program, env=env, stdout=pipe, stderr=pipe, preexec_fn=rank_program_preexec)  # noqa: PLW1509
     except (FileNotFoundError, PermissionError) as exc:
         return not_run(f"cannot run {program[0]}: {exc.strerror}", EX_NOT_STARTED, rank, host, sink)
-    sink.send(wire.START, RankStart(rank, host, at=time.time()).to_json())  # for the job summary
+    sink.send(wire.START, wire.RankStart(rank, host, at=time.time()).to_json())  # for the job summary
     stops: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -172,7 +157,7 @@ def run(program: list[str]) -> int:
 
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, forward)
-    tagged = env.get(TAG_OUTPUT, "1") != "0"
+    tagged = env.get(wire.TAG_OUTPUT, "1") != "0"
     streams = Streams(proc, lambda stream: tag(rank, host, stream) if tagged else b"", sink)
     with proc.stdout, proc.stderr:  # type: ignore[union-attr]
         streams.follow()
@@ -182,7 +167,7 @@ def run(program: list[str]) -> int:
     kill_descendants()
     if code == 0 or (stops and -code in STOP_REQUESTS):
         return 0
-    failure = RankFailure(rank, host, code if code > 0 else None, -code if code < 0 else None)
+    failure = wire.RankFailure(rank, host, code if code > 0 else None, -code if code < 0 else None)
     sink.send(wire.FAILURE, replace(failure, stderr_tail=streams.tail.decode(errors="replace")).to_json())
     if code < 0:  # die the same way, so mpirun reports the signal
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
@@ -195,8 +180,8 @@ def program_argv(args: list[str], env: MutableMapping[str, str]) -> list[str]:
     """`-- PROGRAM ARGS` when started directly; under mpirun, RANK_ARGV (taken out of the environment)."""
     if args[:1] == ["--"]:
         return args[1:]
-    if not args and RANK_ARGV in env:
-        value = json.loads(env.pop(RANK_ARGV))
+    if not args and wire.RANK_ARGV in env:
+        value = json.loads(env.pop(wire.RANK_ARGV))
         if isinstance(value, list) and all(isinstance(a, str) for a in value):
             return value
     return args

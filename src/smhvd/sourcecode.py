@@ -1,11 +1,6 @@
-"""Script mode: find the training code, fetch and unpack it, install its requirements.txt.
-
-Where the code comes from (`resolve_source`, pure):
-- `sagemaker_submit_directory` = a local directory: used in place;
-- = a local .tar.gz (path or file:// URI): unpacked into <root>/code;
-- = s3://bucket/key.tar.gz: downloaded with boto3 (endpoint: AWS_ENDPOINT_URL_S3) and unpacked;
-- absent: <root>/code (program from `sagemaker_program` or env SAGEMAKER_PROGRAM).
-"""
+"""Script mode: find the training code (`sagemaker_submit_directory`: a local directory used in place, a local
+.tar.gz or an s3:// one unpacked into <root>/code; absent: <root>/code), fetch and unpack it, install its
+requirements.txt."""
 
 from __future__ import annotations
 
@@ -83,21 +78,16 @@ def fetch_source(source: Source, region: str | None) -> None:
         archive = Path(source.location)
         if source.kind == "s3":
             archive = Path(tmp) / "sourcedir.tar.gz"
-            download_s3(source.location, archive, region, key)
+            # in a child process (s3_download.py): a stop ends it, and boto3's threads, at once
+            argv = [sys.executable, "-m", "smhvd.s3_download", source.location, str(archive), region or ""]
+            result = run_step(argv)
+            if result.returncode != 0:
+                why = last_line(result.stderr, f"exit {result.returncode}")
+                raise SourceError(f"{key}: could not download {source.location}: {why}")
         staging = Path(tmp) / "code"
         extract_archive(archive, staging, f"{key}: {source.location}")
         source.code_dir.mkdir(parents=True, exist_ok=True)
         shutil.copytree(staging, source.code_dir, dirs_exist_ok=True)
-
-
-def download_s3(uri: str, target: Path, region: str | None, key: str) -> None:
-    """Download in a child process (s3_download.py): a stop ends it, and its threads, at once. `key`: the
-    setting that named `uri`, for the error."""
-    argv = [sys.executable, "-m", "smhvd.s3_download", uri, str(target), region or ""]
-    result = run_step(argv)
-    if result.returncode != 0:
-        why = last_line(result.stderr, f"exit {result.returncode}")
-        raise SourceError(f"{key}: could not download {uri}: {why}")
 
 
 def extract_archive(archive: Path, target: Path, label: str) -> None:
@@ -146,13 +136,7 @@ def program_command(path: Path, code_dir: Path, python: str = sys.executable) ->
     return [python, str(path)]
 
 
-def install_requirements(
-    code_dir: Path,
-    python: str = sys.executable,
-    *,
-    name: str = "requirements.txt",
-    named_by: tuple[str, str] | None = None,
-) -> bool:
+def install_requirements(code_dir: Path, *, name: str, named_by: tuple[str, str] | None) -> bool:
     """pip install -r NAME (requirements.txt) when the code has one; True when something was installed.
     `named_by` (file, key): the file was asked for by name there, and its absence is an error naming them.
     pip runs as a step (proc/steps.py): a stop ends it and everything it started at once."""
@@ -161,7 +145,7 @@ def install_requirements(
         if named_by is not None:
             raise ConfigError(*named_by, f"a file in {code_dir}", name)
         return False
-    argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
+    argv = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
     result = run_step(argv, cwd=code_dir, echo=True, merge_stderr=True)  # shown in the job's log as it comes
     if result.returncode != 0:
         tail = [line.strip() for line in result.text()[0].splitlines() if line.strip()][-3:]

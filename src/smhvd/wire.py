@@ -1,8 +1,6 @@
 """What the launcher's processes tell each other through mpirun and the environment, in one place (the two
-cross-host protocols keep theirs in link/ and hostenv/): the rank wrapper's frames in mpirun's stderr (its
-program's lines, its start and failure, joined by the leader: mpi/output.py, docs/output.md); the program's
-argv (RANK_ARGV), TAG_OUTPUT, OUTPUT_CHANNEL and HOSTENV_SERVED_FROM in the ranks' environment; the
-pre-flight's spec and marks. The variables `train` and its ranks both read are env_options.py's."""
+cross-host protocols keep theirs in link/ and hostenv/): the rank wrapper's frames in mpirun's stderr, the
+variables in the ranks' environment, the pre-flight's spec and marks."""
 
 from __future__ import annotations
 
@@ -11,20 +9,15 @@ import re
 import signal
 from dataclasses import asdict, dataclass
 
-# Frames: the rank wrapper's stderr (a pipe that Open MPI reads in pieces of at most FRAME_MAX bytes and
-# forwards, with --tag-output, behind a tag `[JOB,RANK]<stderr>:` each) is a sequence of frames
-# FRAME_START KIND BODY FRAME_END, every write of the wrapper whole frames and at most FRAME_MAX bytes.
-# A write that size is atomic, so a piece Open MPI reads ends at a frame's end unless it is FRAME_MAX bytes
-# long: that is how the leader tells where a piece ends. A BODY is one stream's bytes with every newline
-# written as LINE_END and the four control bytes below escaped, so it never holds a newline (Open MPI would
-# tag the next line) nor a byte that could end the frame.
+# Frames (docs/output.md): the rank wrapper's stderr is a sequence of FRAME_START KIND BODY FRAME_END, every
+# write whole frames and at most FRAME_MAX bytes (atomic: a piece Open MPI reads ends at a frame's end unless
+# it is FRAME_MAX bytes long). A BODY never holds a newline (LINE_END stands for it) nor a bare 0x1C-0x1F.
 FRAME_MAX = 4096  # PIPE_BUF on Linux, and Open MPI 4.1's read size (ORTE_IOF_BASE_MSG_MAX)
 FRAME_START = 0x1C
 ESCAPE = 0x1D
 LINE_END = 0x1E
 FRAME_END = 0x1F
-# Kinds: the program's stdout and stderr as lines (what follows the last LINE_END waits for the rest of its
-# line), the same as pieces shown at once, a line whole or not (a line in progress,
+# Kinds: the program's stdout and stderr as lines, the same as pieces shown at once (a line in progress,
 # launcher_tag_output=false), and the wrapper's own start and failure reports (one JSON document a line).
 STDOUT = ord("O")
 STDERR = ord("E")
@@ -40,8 +33,7 @@ _SPECIAL = re.compile(rb"[\x1c-\x1f]")
 RANK_ARGV = "SMHVD_RANK_ARGV"
 # "0": the program's lines are passed on whole but untagged (launcher_tag_output).
 TAG_OUTPUT = "SMHVD_TAG_OUTPUT"
-# OUTPUT_FRAMED (the value "records"): the rank wrapper writes its stderr as frames (above), which the
-# launcher's supervisor reads.
+# OUTPUT_FRAMED: the rank wrapper writes its stderr as frames (above), which the launcher's supervisor reads.
 OUTPUT_CHANNEL = "SMHVD_RANK_OUTPUT"
 OUTPUT_FRAMED = "records"
 # Where each host's `train` serves its ranks' environment: the leader's own directory (hostenv/server.py).
@@ -118,7 +110,6 @@ class RankStart:
     at: float  # wall clock (time.time()) when the rank wrapper started the script
 
     def to_json(self) -> bytes:
-        """One line of JSON."""
         return json.dumps(asdict(self), separators=(",", ":")).encode() + b"\n"
 
     @classmethod
@@ -149,7 +140,11 @@ class RankFailure:
         if self.host:
             who += f" on {self.host}"
         if self.signal is not None:
-            return f"{who} was killed by signal {self.signal} ({signal_name(self.signal)})"
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            return f"{who} was killed by signal {self.signal} ({name})"
         return f"{who} exited with code {self.exit_code}"
 
     def to_json(self) -> bytes:
@@ -161,19 +156,7 @@ class RankFailure:
     def from_json(cls, line: bytes) -> RankFailure | None:
         try:
             data = json.loads(line)
-            return cls(
-                rank=data.get("rank"),
-                host=data.get("host"),
-                exit_code=data.get("exit_code"),
-                signal=data.get("signal"),
-                stderr_tail=str(data.get("stderr_tail") or ""),
-            )
+            fields = {key: data.get(key) for key in ("rank", "host", "exit_code", "signal")}
+            return cls(**fields, stderr_tail=str(data.get("stderr_tail") or ""))
         except (ValueError, TypeError, AttributeError):
             return None
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"

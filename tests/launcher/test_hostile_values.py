@@ -16,9 +16,10 @@ from smhvd.env_options import LOG_LEVELS, log_level
 from smhvd.errors import ConfigError
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv, default_options
 from smhvd.mpi.supervisor import remove_session_dir, session_dirs
-from smhvd.rank import RANK_ARGV, program_argv
+from smhvd.rank import program_argv
 from smhvd.report.failure import compose, write_failure
 from smhvd.roles.leader import mpirun_rank_command, rank_command
+from smhvd.wire import RANK_ARGV
 
 HOSTILE_ARGV = [
     "/py",

@@ -1,11 +1,6 @@
-"""Hyperparameters: decode the SDK's JSON-encoded values, split launcher keys from script arguments.
-
-The SageMaker Python SDK JSON-encodes every value ("2", "true", "\\"text\\""). A value that is not valid JSON
-is kept as the raw string, as the sagemaker-training toolkit does, so hand-written files work too.
-Script arguments follow the toolkit's format so that scripts written for it run unchanged:
-sorted keys, `--key value` (`-k value` for one-letter keys), dicts as `k=v,k=v`. One departure: a list is
-several arguments, `{"config": ["A=1", "B=2"]}` -> `--config A=1 B=2`, what an argparse option with
-`nargs='+'` (tensorpack's `--config`) takes; the toolkit passes `str(list)`, which no script can parse.
+"""Hyperparameters: decode the SDK's JSON-encoded values ("2", "true", "\\"text\\""; a value that is not JSON
+is kept as the raw string, as the toolkit does), split launcher keys from script arguments, which follow the
+toolkit's format but for lists (docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -19,10 +14,8 @@ from smhvd.errors import ConfigError
 SOURCE = "hyperparameters.json"
 # Keys with these prefixes configure the launcher; they never reach the script's command line.
 RESERVED_PREFIXES = ("sagemaker_", "horovod_", "launcher_")
-# Every hyperparameter travels in the environment of each rank, all of them together in single variables
-# (SM_HPS, SM_TRAINING_ENV, the script's argv), and Linux limits one variable to 128 KiB (MAX_ARG_STRLEN).
-# Half of that for all of them (as JSON) leaves room for the rest of SM_TRAINING_ENV. SageMaker itself
-# allows 2500 characters per value.
+# All hyperparameters travel together in single variables (SM_HPS, SM_TRAINING_ENV), which Linux limits to
+# 128 KiB (MAX_ARG_STRLEN): half of that leaves room for the rest of SM_TRAINING_ENV.
 MAX_TOTAL_BYTES = 64 * 1024
 MAX_DEPTH = 100  # nesting of a decoded value (lists, objects)
 
@@ -95,9 +88,7 @@ def is_reserved(key: str) -> bool:
     return key.startswith(RESERVED_PREFIXES)
 
 
-def split_hyperparameters(
-    decoded: Mapping[str, object],
-) -> tuple[dict[str, object], dict[str, object]]:
+def split_hyperparameters(decoded: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:
     """(launcher keys, user keys)."""
     reserved = {k: v for k, v in decoded.items() if is_reserved(k)}
     user = {k: v for k, v in decoded.items() if not is_reserved(k)}

@@ -1,10 +1,5 @@
-"""Heterogeneous clusters: which hosts run the MPI job, and what the others do.
-
-`distribution={"mpi": ..., "instance_groups": [group, ...]}` becomes `sagemaker_distribution_instance_groups`
-and resourceconfig's `instance_groups` + `current_group_name`. MPI runs over those groups' hosts only (the
-leader the first of them, sorted); a host of another group runs the entry point once as a plain process, as
-the toolkit does (trainer.py), and, unlike the toolkit's, ends with the job (the leader's link tells it).
-Without instance groups or the hyperparameter, MPI runs over every host.
+"""Heterogeneous clusters: which hosts run the MPI job (`sagemaker_distribution_instance_groups`'s groups,
+else every host), and what the others do: run the entry point once, as the toolkit does, until the job ends.
 """
 
 from __future__ import annotations

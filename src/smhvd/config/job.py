@@ -1,8 +1,5 @@
-"""Everything the launcher knows about the job, loaded once from the /opt/ml tree and validated.
-
-SDK v3's drivers channel (sdk_v3.py), when the job has one, is read into the same Job here: after loading,
-nothing knows which SDK wrote the files.
-"""
+"""Everything the launcher knows about the job, loaded once from the /opt/ml tree (and SDK v3's drivers
+channel, when it has one: after loading, nothing knows which SDK wrote the files) and validated."""
 
 from __future__ import annotations
 
@@ -147,13 +144,9 @@ def with_sdk_v3(job: Job, v3: sdk_v3.V3Job) -> Job:
 def with_usable_interface(
     job: Job, interfaces: set[str], find_route: Callable[[str], str | None], wait: float = ROUTE_WAIT
 ) -> Job:
-    """The job with an interface this host has: the named one, else the one routing to the other hosts.
-
-    SDK v3 local mode names "ethwe", which no container has; a job should not fail over a name when the
-    route to its peers is plain to see. Unchanged (and validate_job reports it) when no route is found. In the
-    SDKs' local modes (instance types "local", "local_cpu", "local_gpu") that is how every run goes, so it is
-    said once in docs/sdk.md and logged at DEBUG; on SageMaker a name the host lacks is a WARNING.
-    """
+    """The job with an interface this host has: the named one, else the one routing to the other hosts (SDK
+    v3 local mode names "ethwe", which no container has). Unchanged (and validate_job reports it) when no
+    route is found. Logged at DEBUG in the SDKs' local modes (docs/sdk.md), where every run goes so."""
     named = job.resources.network_interface_name
     if named is None or named in interfaces:
         return job

@@ -9,9 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-# When a default applies: always; when the ranks on a host fill its cores; when the hosts' network interface
-# is known (several hosts); when mpirun starts orted over ssh (several hosts: its generated ssh config); and
-# with more hosts than Open MPI's own 128 concurrent ssh sessions.
+# When a default applies: always; when the ranks fill a host's cores; when the hosts' interface is known;
+# when mpirun starts orted over ssh; with more hosts than Open MPI's own 128 concurrent ssh sessions.
 When = Literal["always", "ranks_fill_cores", "interface", "ssh", "many_hosts"]
 
 
@@ -20,11 +19,9 @@ class MpiDefault:
     name: str
     argv: tuple[str, ...]
     when: When = "always"
-    # Besides the default's own name, the names (mpirun options without dashes, MCA keys) whose presence
-    # among the user's own options replaces it: the MCA parameter behind the same option, and what Open MPI
-    # refuses beside it: "Conflicting directives for mapping/binding policy" (checked with Open MPI 4.1:
-    # --rankfile, --ppr, --bynode, --bind-to-core, --bind-to-socket exit 1 next to --map-by/--bind-to), and
-    # the include/exclude interface lists, which ompi_info documents as mutually exclusive.
+    # Besides its own name, the names among the user's options (without dashes, MCA keys) that replace it:
+    # the MCA parameter behind the same option, and what Open MPI 4.1 refuses beside it ("Conflicting
+    # directives for mapping/binding policy"; include/exclude interface lists are mutually exclusive).
     conflicts: frozenset[str] = frozenset()
 
 
@@ -39,27 +36,15 @@ MPI_DEFAULTS = (
         "map-by",
         ("--map-by", "slot"),
         conflicts=frozenset(
-            {
-                "rmaps_base_mapping_policy",
-                "rankfile",
-                "rmaps_rank_file_path",
-                "ppr",
-                "npernode",
-                "pernode",
-                "npersocket",
-                "bynode",
-                "byslot",
-                "bycore",
-                "bysocket",
-                "byboard",
-                "rmaps_base_bynode",
-            }
+            (
+                "rmaps_base_mapping_policy rankfile rmaps_rank_file_path ppr npernode pernode npersocket "
+                "bynode byslot bycore bysocket byboard rmaps_base_bynode"
+            ).split()
         ),
     ),
     MpiDefault("orte_abort_on_non_zero_status", ("--mca", "orte_abort_on_non_zero_status", "1")),
-    MpiDefault(
-        "odls_base_sigkill_timeout", ("--mca", "odls_base_sigkill_timeout", "0")
-    ),  # abort in ms, not 1-3 s
+    # abort in ms, not 1-3 s
+    MpiDefault("odls_base_sigkill_timeout", ("--mca", "odls_base_sigkill_timeout", "0")),
     MpiDefault("mpi_yield_when_idle", ("--mca", "mpi_yield_when_idle", "1"), "ranks_fill_cores"),
     MpiDefault(
         "btl_tcp_if_include",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,9 +14,8 @@ class SageMakerPaths:
     base: Path
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> SageMakerPaths:
-        env = os.environ if env is None else env
-        return cls(Path(env.get("SAGEMAKER_BASE_DIR") or DEFAULT_BASE_DIR))
+    def from_env(cls) -> SageMakerPaths:
+        return cls(Path(os.environ.get("SAGEMAKER_BASE_DIR") or DEFAULT_BASE_DIR))
 
     @property
     def input_dir(self) -> Path:

@@ -1,8 +1,5 @@
-"""Parse SageMaker's /opt/ml/input/config/*.json into validated, typed, frozen values.
-
-Parsing is pure (data in, dataclass out); reading is one small function. Every error names the file, the key
-and what was expected, so a bad configuration fails before anything is started.
-"""
+"""Parse SageMaker's /opt/ml/input/config/*.json into validated, typed, frozen values (pure, but `read_json`);
+every error names the file, the key and what was expected."""
 
 from __future__ import annotations
 

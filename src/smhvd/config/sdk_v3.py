@@ -1,16 +1,9 @@
-"""SageMaker Python SDK v3 (`sagemaker.train.ModelTrainer`): run its `source_code` jobs through this launcher.
-
-What v3 does (sagemaker-train 1.27.0: model_trainer.py, templates.py, constants.py): with `source_code`, the
-entrypoint becomes `/bin/bash -c "chmod +x <drivers>/sm_train.sh && <drivers>/sm_train.sh"`, and a channel
-`sm_drivers` carries sm_train.sh, the driver scripts, `sourcecode.json` (source_dir, requirements,
-entry_script, command, args, ignore_patterns) and `distributed.json` (MPI: process_count_per_node,
-mpi_additional_options as argv tokens; `{}` without `distributed`); the code is the channel `code` (a
-source_dir .tar.gz arrives as that file); hyperparameters are strings as given, other values JSON.
-sm_train.sh runs mpi_driver.py (`mpirun -np <process_count_per_node>`: one host's processes for the whole
-job), basic_script_driver.py (once per host) or `eval` of SourceCode.command. The image's BASH_ENV
-(docker/scripts/sdk-v3-bash-env.sh) turns that command into `train`; this module reads the drivers channel
-into the one Job (config/job.py), which runs as any job. What it does not run (SourceCode.command,
-Torchrun) goes back to v3's own sm_train.sh.
+"""SageMaker Python SDK v3 (`sagemaker.train.ModelTrainer`): its `source_code` jobs run through this launcher
+(docs/sdk.md). As sagemaker-train 1.27.0 writes them: the channel `sm_drivers` carries sm_train.sh,
+`sourcecode.json` (source_dir, requirements, entry_script, command, ...) and `distributed.json` (MPI:
+process_count_per_node, mpi_additional_options as argv tokens; `{}` without `distributed`); the code is the
+channel `code` (a source_dir .tar.gz arrives as that file); hyperparameters are strings as given, other values
+JSON. This module reads them into the one Job (config/job.py).
 """
 
 from __future__ import annotations
@@ -177,12 +170,8 @@ def script_args(user_hyperparameters: Mapping[str, object]) -> list[str]:
     a list is `--key item item ...`, as for SDK v2 (v3's drivers pass its JSON, one argument)."""
     args: list[str] = []
     for key, value in user_hyperparameters.items():
-        args += option_args(f"--{key}", value, _v3_scalar)
+        args += option_args(f"--{key}", value, lambda v: v if isinstance(v, str) else json.dumps(v))
     return args
-
-
-def _v3_scalar(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def env(v3: V3Job, paths: SageMakerPaths, leader: str, hosts: int) -> dict[str, str]:

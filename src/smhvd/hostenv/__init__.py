@@ -1,2 +1,1 @@
-"""Each host's own environment for its ranks: `train` serves it (`server`), each rank takes it (`client`),
-and both trust only what `trust` allows."""
+"""Each host's own environment for its ranks: `server` (`train`'s side), `client` (a rank's), `trust`."""

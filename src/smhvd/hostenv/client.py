@@ -1,8 +1,6 @@
-"""A rank's side of its host's environment: where its `train` holds it (`rank_directory`: the leader's
-directory, or its worker's, named after SMHVD_SSH_PORT), read only from the `train` that started it (`fetch`,
-retried within SMHVD_HOSTENV_TIMEOUT while there is none yet), merged (`merge`). Without it a rank fails in
-one line (HostEnvUnavailable). Low on purpose: the rank imports neither the roles nor the job's configuration.
-"""
+"""A rank's side of its host's environment: where its `train` holds it (`rank_directory`), read only from the
+`train` that started it (`fetch`), merged (`merge`); without it a rank fails in one line (HostEnvUnavailable).
+Low on purpose: the rank imports neither the roles nor the job's configuration."""
 
 from __future__ import annotations
 
@@ -22,17 +20,10 @@ from smhvd.wire import HOSTENV_SERVED_FROM
 
 # The variables that differ between hosts (environment.host_env sets them): per host, never the leader's.
 HOST_KEYS = frozenset(
-    {
-        "SM_CURRENT_HOST",
-        "SM_NUM_CPUS",
-        "SM_NUM_GPUS",
-        "SM_RESOURCE_CONFIG",
-        "SM_TRAINING_ENV",
-        "SM_NETWORK_INTERFACE_NAME",
-        "SM_CURRENT_INSTANCE_TYPE",
-        "SM_CURRENT_INSTANCE_GROUP",
-        "SM_CURRENT_INSTANCE_GROUP_HOSTS",
-    }
+    (
+        "SM_CURRENT_HOST SM_NUM_CPUS SM_NUM_GPUS SM_RESOURCE_CONFIG SM_TRAINING_ENV SM_CURRENT_INSTANCE_TYPE "
+        "SM_NETWORK_INTERFACE_NAME SM_CURRENT_INSTANCE_GROUP SM_CURRENT_INSTANCE_GROUP_HOSTS"
+    ).split()
 )
 _MAX_BYTES = 64 * 1024 * 1024
 SEALED = fcntl.F_SEAL_WRITE  # what hostenv/server.py always sets

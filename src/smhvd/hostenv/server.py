@@ -1,12 +1,8 @@
-"""Each host's own environment for the ranks mpirun starts there: `train`'s side.
-
-On other hosts than the leader's, ranks are started by orted over ssh, with none of what SageMaker set in
-that container: only what mpirun forwards. So every `train` holds the environment it computed for its host's
-ranks (its container's variables, less credentials unless launcher_forward_aws_credentials, and its own SM_*
-values), and each rank reads and merges it (hostenv/client.py). `claimed` makes `train`'s private directory
-(hostenv/trust.py) with its pid; `serving` puts the environment in a sealed memfd only `train` holds (nothing
-on disk, gone with it) and its fd's number beside the pid: a rank reads what that process holds, whoever
-could write in the directory, and needs no answer from it, whatever `train` is doing.
+"""Each host's own environment for the ranks mpirun starts there, `train`'s side: orted starts a worker's
+ranks over ssh with only what mpirun forwards, so every `train` holds the environment it computed for its
+host's ranks (its container's variables, less credentials unless launcher_forward_aws_credentials, and its own
+SM_* values). `claimed` makes `train`'s private directory with its pid; `serving` puts the environment in a
+sealed memfd only `train` holds, its number beside the pid (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -30,6 +26,7 @@ from smhvd.hostenv.trust import (
     private_dir_problem,
     read_number,
 )
+from smhvd.proc.processes import write_all
 
 SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 _OWN_NAMES = (ENV_FD, LINK_SOCKET, PID_FILE, *(f"{name}.tmp" for name in (ENV_FD, PID_FILE)))
@@ -41,9 +38,8 @@ def leader_directory() -> Path:
 
 
 def reclaim_leaders_leftovers(uid: int | None = None, now: float | None = None) -> list[Path]:
-    """Remove the job directories of this user's leaders whose `train` is gone (killed by SIGKILL, it could
-    not remove its own): only what this module writes there, then the directory if that left it empty.
-    Best effort: what cannot be read or removed stays. Returns the directories removed."""
+    """Remove (best effort) the job directories of this user's leaders whose `train` is gone (a SIGKILLed one
+    could not): only what this module writes there, then the directory if now empty. What it removed."""
     uid = os.geteuid() if uid is None else uid
     now = time.time() if now is None else now
     pattern = directory("job-", uid)
@@ -125,9 +121,7 @@ def serving(path: Path, env: Mapping[str, str]) -> Iterator[None]:
     process holds, its number in ENV_FD."""
     fd = os.memfd_create("smhvd-hostenv", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        view = memoryview(json.dumps(dict(env)).encode())
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, json.dumps(dict(env)).encode())
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
         _write(path / ENV_FD, str(fd))
         try:

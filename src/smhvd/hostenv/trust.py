@@ -1,12 +1,7 @@
-"""Whom a process may trust on its own host: `train`'s private directory, the pid written there, what that
-process holds, and the kernel's word on the other end of a unix socket.
-
-`train` makes the directory itself (owner its user, mode 0700, under /run for root, else /tmp, named after
-the user and the job's port) and writes its pid there. A client trusts it only with exactly that owner and
-mode, then only that pid: for a rank or the relay, one of its own ancestors (`train` is a child subreaper).
-The environment is read from what that pid holds (hostenv/client.py), the link's socket only when SO_PEERCRED
-says its other end is that pid. Another user cannot enter the directory; one that made it first is refused
-by `train` and its clients; a process of the same user that is not the client's `train` is refused by pid.
+"""Whom a process may trust on its own host: `train`'s private directory (exactly its user, mode 0700), the
+pid written there (for a rank or the relay: one of its own ancestors), what that process holds, and the
+kernel's word (SO_PEERCRED) on the other end of the link's socket. Another user cannot enter the directory;
+one that made it first is refused; a process of the same user that is not the client's `train`, by pid.
 """
 
 from __future__ import annotations
@@ -22,8 +17,7 @@ from smhvd.errors import HostEnvUnavailable
 from smhvd.proc.processes import cmdline, is_alive, process_start_time
 from smhvd.proc.waiting import NotYet
 
-# What the directory holds: `train`'s pid, the number of its fd that holds the ranks' environment, and on a
-# worker the link's socket.
+# What the directory holds: `train`'s pid, its environment fd's number, and on a worker the link's socket.
 PID_FILE = "train.pid"
 ENV_FD = "env.fd"  # hostenv/server.py
 LINK_SOCKET = "link.sock"  # the leader's relay connects here (link/listen.py, link/relay.py)

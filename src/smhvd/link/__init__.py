@@ -1,11 +1,7 @@
-"""The leader-worker link and its words: how a worker learns that the job started and how it ended.
-
-From `train`'s start each worker listens in its private directory (link/listen.py) and the leader reaches
-every worker over ssh (link/connect.py) with a relay (link/relay.py), while both prepare the job: an end on
-either side before the start reaches the other at once. The leader's words are JSON lines, one Event each:
-`linked` (it took this session as its link: one closed before that was an attempt it gave up), `start`,
-`alive` every HEARTBEAT_INTERVAL while the job runs, `stop`, and `end` with the exit code and reason. What
-each means to a worker, in each of its states: roles/worker.py.
+"""The leader-worker link (docs/multi-host.md) and its words, JSON lines of one Event each: `linked` (the
+leader took this session as its link: one closed before that was an attempt it gave up), `start`, `alive`
+every HEARTBEAT_INTERVAL while the job runs, `stop`, and `end` with the exit code and reason. What each means
+to a worker, in each of its states: roles/worker.py.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The leader's side of the link: every worker reached at once, from the leader's start, while it prepares
-the job (its steps' waits run the same loop), so N workers cost about one worker's latency, and nothing polls.
-
-- A worker's sshd port is probed first with a non-blocking TCP connect (PROBE_TIMEOUT), again after
-  probe_delay while refused: an ssh attempt against a closed port would cost a process and a handshake. The
-  name lookup before it is the one blocking call (getaddrinfo has no non-blocking form).
-- An open port gets an ssh attempt running the relay (link/relay.py), at most MAX_SSH_IN_FLIGHT at once: its
-  output is searched for READY whatever comes first, in bounded memory (`Said`), its exit is a pidfd,
-  ATTEMPT_TIMEOUT a timer; a failed one is retried after retry_delay. READY links the worker: `linked`.
-- Until the job starts, a link that closes is a worker that ended: PeerError, raised through whatever wait
-  runs the loop; once it runs, that is mpirun's to see. The overall deadline is a timer.
-- `close` hangs up on every worker first, then waits for all (their pidfds) under one deadline.
+the job (docs/architecture.md). A worker's sshd port is probed with a non-blocking connect first (an ssh
+attempt against a closed port costs a process and a handshake); an open port gets an ssh attempt running the
+relay (link/relay.py), at most MAX_SSH_IN_FLIGHT at once, whose READY links the worker. Until the job starts,
+a link that closes is a worker that ended: PeerError; once it runs, that is mpirun's to see.
 """
 
 from __future__ import annotations
@@ -73,28 +66,14 @@ class WorkerLink:
 
 
 def ssh_command(ssh_config: Path, host: str, remote: Sequence[str]) -> list[str]:
-    """A command on another host of the job, over ssh with the job's client configuration. ssh hands the
-    remote command to the remote shell: quoted here (host names are validated, no leading '-'). Pure."""
+    """`remote` on another host of the job, over ssh with the job's client configuration, quoted for the
+    remote shell (host names are validated, no leading '-'). Pure."""
     return ["ssh", "-F", str(ssh_config), host, shlex.join(remote)]
 
 
-def close_all(links: Sequence[WorkerLink], timeout: float = CLOSE_TIMEOUT) -> None:
-    """Hang up on every link, then wait for their ends (a pidfd each) under one deadline; kill the rest."""
-    for link in links:
-        link.hang_up()
-    wait_exits([link.proc.pid for link in links if link.proc.poll() is None], timeout)
-    for link in links:
-        if link.proc.poll() is None:
-            link.proc.kill()
-        link.proc.wait()
-        for pipe in (link.proc.stdout, link.proc.stderr):
-            if pipe is not None:
-                pipe.close()
-
-
 class Said:
-    """An attempt's output searched for READY as it comes: only what may still start READY is carried, and
-    the last SAID_KEPT bytes for the error (it was `said += chunk`: quadratic, unbounded)."""
+    """An attempt's output searched for READY as it comes, in bounded memory: only what may still start
+    READY is carried, and the last SAID_KEPT bytes for the error."""
 
     def __init__(self) -> None:
         self.carry = self.tail = b""
@@ -123,8 +102,8 @@ def retry_delay(attempts: int) -> float:
 
 @dataclass
 class _Worker:
-    """Reaching one worker: probes of its port, then ssh attempts (from the main thread: PR_SET_PDEATHSIG
-    is per thread), then its link. Its one timer: a probe's timeout, the next probe, or an attempt's."""
+    """Reaching one worker: probes of its port, then ssh attempts, then its link. Its one timer: a probe's
+    timeout, the next probe, or an attempt's."""
 
     host: str
     argv: list[str]
@@ -144,9 +123,8 @@ class _Worker:
 
 
 class Linking:
-    """The leader's links to `hosts`, made on the process's loop from `__enter__` on, whoever runs it (the
-    leader's preparation, then `wait`). `end` tells every worker the job ended before it started; `running`
-    says it started. From the main thread."""
+    """The leader's links to `hosts`, made on the process's loop from `__enter__` on, whoever runs it. From
+    the main thread (PR_SET_PDEATHSIG of the ssh attempts is per thread)."""
 
     def __init__(
         self,
@@ -218,13 +196,12 @@ class Linking:
                 worker.out = -1
 
     def tell(self, event: Event) -> dict[str, bool]:
-        """`event` to every linked worker: whether it could be written (a broken link is the worker's
-        problem: it exits on its own)."""
+        """`event` to every linked worker: whether it could be written (a worker whose link broke exits)."""
         return {link.host: link.send(event) for link in self.links}
 
     def end(self, event: Event, wait: float) -> dict[str, bool]:
-        """The job ended before it started: `event` (`end`) to every linked worker, and to each one reached
-        within `wait` seconds (a stop ends that wait). Whom it reached."""
+        """The job ended before it started: `event` to every worker linked within `wait` seconds. Whom it
+        reached."""
         self.farewell = event
         for worker in self.workers:
             self._tell(worker)
@@ -237,7 +214,8 @@ class Linking:
         return {w.host: w.told for w in self.workers}
 
     def close(self) -> None:
-        """End every probe and attempt under way, hang up on every link and wait for their ends."""
+        """End every probe and attempt under way, hang up on every link, then wait for their ends (a pidfd
+        each) under one deadline; kill the rest."""
         for worker in self.workers:
             self._end_probe(worker)
             if worker.proc is not None:
@@ -245,7 +223,16 @@ class Linking:
                 proc.kill()
                 proc.communicate()
         self.loop.close()
-        close_all(self.links)
+        for link in self.links:
+            link.hang_up()
+        wait_exits([link.proc.pid for link in self.links if link.proc.poll() is None], CLOSE_TIMEOUT)
+        for link in self.links:
+            if link.proc.poll() is None:
+                link.proc.kill()
+            link.proc.wait()
+            for pipe in (link.proc.stdout, link.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
 
     def _timed_out(self) -> None:
         missing = "; ".join(f"{w.host}: {w.last_error}" for w in self.workers if w.link is None)

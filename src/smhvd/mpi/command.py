@@ -1,9 +1,6 @@
-"""The mpirun command line: the plan (`plan_for`, from the job), then a pure function from plan to argv.
-
-Defaults are named (config/mpi_defaults.py). A user's option (custom_mpi_options, or an `OMPI_MCA_<key>`
-variable) that sets what a default sets, or what Open MPI refuses beside it, replaces that default
-(`--mca btl_tcp_if_exclude lo` drops our `btl_tcp_if_include`); `launcher_drop_mpi_defaults` drops defaults
-by name. The plan owns the hostfile and the one decision whether mpirun spans hosts (`MpiPlan.multi_host`).
+"""The mpirun command line: the plan (`plan_for`, from the job), then a pure function from plan to argv. The
+defaults are config/mpi_defaults.py's, each replaced by a user's option that sets it or conflicts with it.
+The plan owns the hostfile and the one decision whether mpirun spans hosts (`MpiPlan.multi_host`).
 """
 
 from __future__ import annotations
@@ -25,56 +22,27 @@ if TYPE_CHECKING:
     from smhvd.config.job import Job
 
 # Forwarded to every rank (by name: values never appear on the command line).
-FORWARD_NAMES = (
-    "PATH",
-    "LD_LIBRARY_PATH",
-    "PYTHONPATH",
-    "PYTHONUNBUFFERED",
-    "PYTHONHASHSEED",
-    "VIRTUAL_ENV",
-    "LANG",
-    "LC_ALL",
-    "TZ",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "TRAINING_JOB_NAME",
-    "TRAINING_JOB_ARN",
+FORWARD_NAMES = frozenset(
+    (
+        "PATH LD_LIBRARY_PATH PYTHONPATH PYTHONUNBUFFERED PYTHONHASHSEED VIRTUAL_ENV LANG LC_ALL TZ "
+        "AWS_REGION AWS_DEFAULT_REGION TRAINING_JOB_NAME TRAINING_JOB_ARN"
+    ).split()
 )
-FORWARD_PREFIXES = (
-    "SM_",
-    "SAGEMAKER_",
-    "HOROVOD_",
-    "NCCL_",
-    "OMP_",
-    "MKL_",
-    "KMP_",
-    "OPENBLAS_",
-    "TF_",
-    "XLA_",
-    "CUDA_",
-    "FI_",
-    "RDMAV_",
-    "SMHVD_",
+FORWARD_PREFIXES = tuple(
+    "SM_ SAGEMAKER_ HOROVOD_ NCCL_ OMP_ MKL_ KMP_ OPENBLAS_ TF_ XLA_ CUDA_ FI_ RDMAV_ SMHVD_".split()
 )
 # Only with launcher_forward_aws_credentials=true.
-AWS_CREDENTIAL_NAMES = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_SECURITY_TOKEN",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-    "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-    "AWS_ROLE_ARN",
-    "AWS_PROFILE",
-    "AWS_SHARED_CREDENTIALS_FILE",
+AWS_CREDENTIAL_NAMES = frozenset(
+    (
+        "AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN AWS_SECURITY_TOKEN AWS_PROFILE "
+        "AWS_ROLE_ARN AWS_CONTAINER_CREDENTIALS_RELATIVE_URI AWS_CONTAINER_CREDENTIALS_FULL_URI "
+        "AWS_SHARED_CREDENTIALS_FILE AWS_CONTAINER_AUTHORIZATION_TOKEN AWS_WEB_IDENTITY_TOKEN_FILE "
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"
+    ).split()
 )
 
 LOCAL_HOSTS = ("localhost",)  # a one-host job's hostfile: mpirun starts no orted over ssh
-# In the run directory: the job's hostfile, and the ssh client config that starts orted on the other MPI
-# hosts (the leader writes it for its links to every host too).
+# In the run directory: the job's hostfile, and the ssh client config (mpirun's orted, the leader's links).
 HOSTFILE = "hostfile"
 SSH_CONFIG = "ssh_config"
 
@@ -92,9 +60,7 @@ class MpiPlan:
     custom_options: tuple[str, ...] = ()
     drop_defaults: frozenset[str] = frozenset()
     env_mca: frozenset[str] = frozenset()  # MCA keys the job's environment sets (OMPI_MCA_<key>)
-    # The hostfile's hosts, the leader first: the MPI hosts, or LOCAL_HOSTS. mpirun starts an orted on each
-    # of the others over ssh.
-    hosts: tuple[str, ...] = LOCAL_HOSTS
+    hosts: tuple[str, ...] = LOCAL_HOSTS  # the hostfile's, the leader first: the MPI hosts, or LOCAL_HOSTS
     slots: int = 1  # ranks per host: the hostfile's `slots=N`
 
     def __post_init__(self) -> None:
@@ -171,17 +137,8 @@ def build_mpirun_argv(plan: MpiPlan) -> list[str]:
     # A default is skipped when the user's options set it (or what conflicts with it), when it is dropped by
     # name, or, for a variable, when the environment's own value is forwarded.
     skip = overridden_names(plan.custom_options, plan.env_mca) | set(plan.drop_defaults) | set(plan.forward)
-    argv = [
-        "mpirun",
-        "--allow-run-as-root",
-        "--tag-output",  # the leader reads the ranks' output by these tags (mpi/output.py)
-        "-np",
-        str(plan.num_processes),
-        "--hostfile",
-        str(plan.hostfile),
-        "-wdir",
-        str(plan.workdir),
-    ]
+    argv = ["mpirun", "--allow-run-as-root", "--tag-output"]  # the leader reads these tags (mpi/output.py)
+    argv += ["-np", str(plan.num_processes), "--hostfile", str(plan.hostfile), "-wdir", str(plan.workdir)]
     for name, option in default_options(plan):
         if name not in skip:
             argv += option

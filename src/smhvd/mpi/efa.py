@@ -1,53 +1,34 @@
 """EFA (Elastic Fabric Adapter): decided from the machine, not from a list of instance types.
 
-At start each host asks libfabric (the images': docs/images.md) whether its efa provider is usable
-(`fi_info -p efa -t FI_EP_RDM`). When it is, the ranks get (a value already in the environment wins):
-
-- FI_PROVIDER=efa: Open MPI's ofi MTL takes EFA or fails loudly instead of using libfabric's tcp provider, a
-  working but slow job (aws-ofi-nccl, NCCL's plugin, takes efa by itself on AWS);
+At start each host asks libfabric whether its efa provider is usable (`fi_info -p efa -t FI_EP_RDM`); when
+it is, the ranks get (docs/configuration.md; a value already in the environment wins):
+- FI_PROVIDER=efa: Open MPI's ofi MTL takes EFA or fails loudly, not libfabric's slow tcp provider;
 - FI_EFA_FORK_SAFE=1: data loaders fork, and memory registered with EFA must survive a fork on kernels before
-  5.13. aws-ofi-nccl sets it for NCCL; MPI (all of the CPU image's Horovod traffic) has no plugin to;
-- OMPI_MCA_pml=cm and OMPI_MCA_mtl=ofi: Open MPI's point-to-point traffic through libfabric. Debian's Open
-  MPI, the images', turns its ofi MTL off in /etc/openmpi/openmpi-mca-params.conf (`mtl = ^ofi`), which an
-  environment variable outranks (an mpirun option outranks both); `cm` alone, so that a failing EFA stops the
-  job (`PML cm cannot be selected`) instead of falling back to TCP. mpirun passes them on.
-
+  5.13 (aws-ofi-nccl sets it for NCCL; MPI, all of the CPU image's Horovod traffic, has no plugin to);
+- OMPI_MCA_pml=cm and OMPI_MCA_mtl=ofi: the images' Debian Open MPI turns its ofi MTL off (`mtl = ^ofi`),
+  which a variable outranks; `cm` alone, so that a failing EFA stops the job instead of falling back to TCP.
 Nothing else, as aws-ofi-nccl's EFA guide has it for libfabric >= 1.18 and the plugin >= 1.7: no
-FI_EFA_USE_DEVICE_RDMA (libfabric uses RDMA read where the device has it), no NCCL_PROTO=simple (the plugin
-sets it where the device does not order deliveries), no NCCL_NET_PLUGIN (the images' loader cache has the
-plugin as libnccl-net.so, the name NCCL loads).
-
-A list of instance types known to have EFA is used for one thing only: a warning when such an instance finds
-no EFA (the security group or the image's EFA software is missing, and the job would run over TCP).
+FI_EFA_USE_DEVICE_RDMA, no NCCL_PROTO=simple (the plugin sets it where needed), no NCCL_NET_PLUGIN (the
+loader cache has libnccl-net.so). EFA_INSTANCE_TYPES serves one warning: such an instance that finds no EFA.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from smhvd.proc.steps import StepResult, run_step
+from smhvd.proc.steps import run_step
 
 PROBE_ARGV = ("fi_info", "-p", "efa", "-t", "FI_EP_RDM", "-v")
 PROBE_TIMEOUT = 15.0
-# Instance types with EFA that SageMaker trains on (AWS documentation, Nov 2026): a warning only, see above.
+# Instance types with EFA that SageMaker trains on (AWS documentation, Nov 2026).
 EFA_INSTANCE_TYPES = frozenset(
-    {
-        "ml.g4dn.8xlarge",
-        "ml.g4dn.12xlarge",
-        "ml.g4dn.16xlarge",
-        "ml.g5.48xlarge",
-        "ml.g6.48xlarge",
-        "ml.p3dn.24xlarge",
-        "ml.p4d.24xlarge",
-        "ml.p4de.24xlarge",
-        "ml.p5.48xlarge",
-        "ml.p5e.48xlarge",
-        "ml.p5en.48xlarge",
-        "ml.trn1.32xlarge",
-        "ml.trn1n.32xlarge",
-    }
+    (
+        "ml.g4dn.8xlarge ml.g4dn.12xlarge ml.g4dn.16xlarge ml.g5.48xlarge ml.g6.48xlarge ml.p3dn.24xlarge "
+        "ml.p4d.24xlarge ml.p4de.24xlarge ml.p5.48xlarge ml.p5e.48xlarge ml.p5en.48xlarge ml.trn1.32xlarge "
+        "ml.trn1n.32xlarge"
+    ).split()
 )
 _PROVIDER = re.compile(r"^\s*(?:provider|prov_name):\s*efa\b", re.MULTILINE)  # plain or -v output
 # fi_getinfo's -FI_ENODATA: the efa provider is there and found no device (a provider missing reads the same).
@@ -70,15 +51,11 @@ def read_probe(returncode: int | None, stdout: str, stderr: str) -> EfaProbe:
     return EfaProbe(False, NO_DEVICE if "fi_getinfo: -61" in last else f"fi_info -p efa: {last[:200]}")
 
 
-def _run_probe(argv: Sequence[str], timeout: float) -> StepResult:
-    return run_step(argv, timeout=timeout)
-
-
-def probe(run: Callable[[Sequence[str], float], StepResult] = _run_probe) -> EfaProbe:
+def probe() -> EfaProbe:
     """Run fi_info as a step (proc/steps.py): bounded, stopped with whatever it starts, nothing of it left
     running afterwards; its output is data (bytes that are not UTF-8 are replaced, never an error)."""
     try:
-        result = run(PROBE_ARGV, PROBE_TIMEOUT)
+        result = run_step(PROBE_ARGV, timeout=PROBE_TIMEOUT)
     except FileNotFoundError:
         return read_probe(None, "", "")
     except OSError as exc:

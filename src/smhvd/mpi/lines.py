@@ -1,11 +1,7 @@
 """One stream of a rank's program as lines: bytes in, whole lines out, each tagged `[RANK,HOST]<stdout>: `
 (Open MPI's --tag-output form, with the host; untagged with launcher_tag_output=false: bytes as they came).
-
-A line in progress (a progress bar rewritten with `\\r`) is shown PROGRESS_EVERY seconds after it changed, at
-most that often, as what a terminal would show (the text after its last `\\r`), and once more when its newline
-comes (a bar rewritten 10,000 times is one line). A line longer than MAX_PIECE goes on in pieces the leader
-joins again (mpi/output.py). Pure but for the clock the caller passes. A metric regex matches tagged lines
-unless anchored with `^`; one rank's: `\\[0,[^]]*\\]<stdout>: .*loss: ([0-9.]+)`.
+A line in progress is shown as docs/output.md's "Progress bars" says; a line longer than MAX_PIECE goes on in
+pieces the leader joins again (mpi/output.py). Pure but for the clock the caller passes.
 """
 
 from __future__ import annotations
@@ -67,7 +63,9 @@ class Lines:
             self.shown = b""
             self.due = None
             self.shown_at = float("-inf")
-        self.partial = self._compact(data)
+        if self.prefix and data.count(b"\r") > 1:  # tagged, a rewritten line keeps what it may still show
+            data = b"\r".join(data.split(b"\r")[-2:])
+        self.partial = data
         if len(self.partial) > MAX_PIECE:  # no end in sight: its start goes on now, joined by the leader
             out += (b"" if self.continuing else self.prefix) + self.partial
             self.partial = b""
@@ -86,12 +84,6 @@ class Lines:
         if b"\r" in text:
             text = b"\n".join(visible(line) for line in text.split(b"\n"))
         return first + text.replace(b"\n", b"\n" + self.prefix) + b"\n"
-
-    def _compact(self, partial: bytes) -> bytes:
-        """Tagged, a line rewritten with carriage returns keeps only what it may still show."""
-        if self.prefix and partial.count(b"\r") > 1:
-            return b"\r".join(partial.split(b"\r")[-2:])
-        return partial
 
     def progress(self, now: float) -> Out:
         """The line in progress, when it is due to be shown."""

@@ -103,7 +103,8 @@ def supervise(
         def exited() -> None:
             # The job ends when the command does, not when every copy of its stderr closes (a process it
             # left behind may hold one): take what is in the pipe, stop reading.
-            _drain(stderr.fileno(), output)
+            for data in drain_pipe(stderr.fileno()):  # bounded: a leftover process may keep writing
+                _show(output, output.feed(data))
             scope.stop()
 
         scope.reader(stderr, read)
@@ -126,17 +127,14 @@ def _start(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> subprocess
         stdin=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         preexec_fn=lambda: die_with_parent(signal.SIGTERM),  # noqa: PLW1509  (no job outlives the launcher)
-        # Its own session: a signal to the launcher's process group (a terminal's Ctrl-C, `timeout`, a shell
-        # killing its job) reaches the launcher alone, which stops the ranks in order (stack dumps first).
-        start_new_session=True,
+        start_new_session=True,  # Ctrl-C reaches the launcher alone, which stops the ranks in order
     )
 
 
 class Stop:
-    """Stop requests while the command runs: the first takes a stack dump, and once it has ended (or
-    STOP_DUMP_WAIT later) the local ranks get SIGTERM and the role hears of it (`stopping`: the leader's
-    workers); the loop runs on meanwhile. Ranks that have not ended STOP_KILL_AFTER later are killed with
-    mpirun, and a second stop signal kills them at once. SIGUSR1 takes a stack dump."""
+    """Stop requests while the command runs: the first takes a stack dump, then (AfterDump) SIGTERM to the
+    local ranks, and the role hears of it; STOP_KILL_AFTER later, or at a second stop, they are killed with
+    mpirun. SIGUSR1 takes a stack dump."""
 
     def __init__(
         self, proc: subprocess.Popen[bytes], keep_pids: set[int], role: Role, timers: Timers, loop: Scope
@@ -189,12 +187,6 @@ def _show(output: StderrFilter, shown: bytes) -> None:
     write_all(2, shown)
 
 
-def _drain(fd: int, output: StderrFilter) -> None:
-    """Pass on what is already in the pipe (bounded: a leftover process may keep writing)."""
-    for data in drain_pipe(fd):
-        _show(output, output.feed(data))
-
-
 def session_dirs(pid: int, env: Mapping[str, str]) -> list[Path]:
     """The session directory mpirun `pid` made (Open MPI 4: TMPDIR/ompi.<node>.<uid>/pid.<pid>; its temp
     dir is TMPDIR, else TEMP, else TMP, else /tmp)."""
@@ -212,9 +204,8 @@ def remove_session_dir(pid: int, env: Mapping[str, str]) -> None:
 
 class HungAbort:
     """Ends mpirun when Open MPI announced an abort and mpirun does not exit by itself: `terminate` after
-    ABORT_GRACE, `kill` KILL_GRACE later, and after another KILL_GRACE the loop gives up reading the output
-    that something mpirun started may still hold open (`gave_up`). Each step is a timer of the loop, taken
-    only while mpirun runs; `give_up` ends the loop."""
+    ABORT_GRACE, `kill` KILL_GRACE later, and after another KILL_GRACE `give_up` (the loop stops reading
+    output that something mpirun started may hold open). Each step is a timer, taken while mpirun runs."""
 
     def __init__(
         self,

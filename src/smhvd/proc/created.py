@@ -11,8 +11,6 @@ from smhvd.proc.loop import Closing
 
 _IN_CREATE = 0x00000100
 _IN_MOVED_TO = 0x00000080
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = os.O_CLOEXEC
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -21,7 +19,7 @@ class Created(Closing):
     context manager: its end closes the fd."""
 
     def __init__(self, directory: Path) -> None:
-        fd: int = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        fd: int = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)  # IN_NONBLOCK, IN_CLOEXEC
         if fd < 0:
             raise _error("inotify_init1", directory)
         self._fd: int = fd

@@ -1,13 +1,8 @@
-"""`train` as two processes, so that nothing of a job outlives a `train` killed outright (SIGKILL).
-
-The launcher is a child subreaper: what a process of the job leaves behind is re-parented to it and ended
-with the job, while it lives. Killed with SIGKILL it cannot act, and its orphans would run on (ranks that
-ignore SIGTERM, their children in sessions of their own, holding the GPUs and the checkpoint directory). So
-the process started is a keeper and the launcher its child: the keeper passes on every catchable signal and
-exits as the launcher did; when the keeper dies, the kernel sends the launcher KEEPER_GONE
-(PR_SET_PDEATHSIG), and it SIGKILLs everything below it and exits, within END_BOUND_SECONDS. (In a container
-`train` is PID 1: the kernel ends everything anyway.) The launcher has a process group of its own, so that a
-signal to the keeper's group (Ctrl-C, `timeout`) reaches it once: two would read as two stops.
+"""`train` as two processes, so that nothing of a job outlives a `train` killed outright (SIGKILL): a
+SIGKILLed launcher cannot end its orphans (ranks that ignore SIGTERM, in sessions of their own). The process
+started is a keeper that passes on every catchable signal and exits as its child, the launcher, did; when the
+keeper dies, the kernel sends the launcher KEEPER_GONE (PR_SET_PDEATHSIG), and it SIGKILLs everything below
+it. The launcher has a process group of its own: a signal to the keeper's group reaches it once, not twice.
 """
 
 from __future__ import annotations
@@ -15,32 +10,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from signal import SIGALRM, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH
 from types import FrameType
 
-from smhvd.proc.processes import (
-    become_subreaper,
-    descendants_of,
-    die_with_parent,
-    read_process_table,
-    signal_pids,
-)
+from smhvd.proc import processes
 
 KEEPER_GONE = signal.SIGRTMIN + 1  # the launcher's parent-death signal: not one anything else sends
 # Passed on from the keeper to the launcher: every signal a user or SageMaker may send that can be caught.
-PASSED_ON = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGALRM,
-    signal.SIGCONT,
-    signal.SIGWINCH,
-)
-END_BOUND_SECONDS = (
-    2  # what docs/signals say: a killed train's job is gone within this long (measured: 0.1 s)
-)
+PASSED_ON = (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCONT, SIGWINCH)
+END_BOUND_SECONDS = 2  # a killed train's job is gone within this long, as the docs say (measured: 0.1 s)
 _ROUNDS = 50  # SIGKILL rounds at most: each takes what was forked or re-parented since the last one
 
 
@@ -52,9 +30,9 @@ def split() -> None:
     child = os.fork()
     if child == 0:
         os.setpgid(0, 0)
-        become_subreaper()
+        processes.become_subreaper()
         signal.signal(KEEPER_GONE, _end_the_job)
-        die_with_parent(KEEPER_GONE)
+        processes.die_with_parent(KEEPER_GONE)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if os.getppid() != keeper:  # the keeper died before the line above could take effect
             _end_the_job(KEEPER_GONE, None)
@@ -86,11 +64,11 @@ def _end_the_job(_signum: int, _frame: FrameType | None) -> None:
     is re-parented here meanwhile), then exit. No report: whoever killed the keeper asked for this."""
     me = os.getpid()
     for _ in range(_ROUNDS):
-        table = read_process_table()
-        alive = [pid for pid in descendants_of(me, table) if table[pid][1] != "Z"]
+        table = processes.read_process_table()
+        alive = [pid for pid in processes.descendants_of(me, table) if table[pid][1] != "Z"]
         if not alive:
             break
-        signal_pids(reversed(alive), signal.SIGKILL)
+        processes.signal_pids(reversed(alive), signal.SIGKILL)
         for pid in alive:  # a wait on the kernel's word for the children killed, not a sleep
             if table[pid][0] == me:
                 with contextlib.suppress(ChildProcessError):

@@ -1,11 +1,6 @@
 """The process's one event loop, for its whole life: readable and writable files, process exits (a pidfd
-each: no SIGCHLD handler, no polling) and timers, waited for in one select.
-
-Whoever waits on it holds a Scope: the files, process exits and Timers it registers are the loop's until the
-scope closes, then nothing of them is left (pidfds closed). Scopes live side by side (a leader's links stay
-open while its preparation's waits run the loop). A wait runs the loop until one of its callbacks calls
-`stop()`; once stopped nothing more is handled, neither the round's other events nor due timers. Which waits
-run on it: docs/architecture.md. A test that runs a wait in a thread gives it a Loop of its own.
+each) and timers, waited for in one select, each owner's in a Scope (docs/architecture.md). Once stopped,
+nothing more is handled, neither the round's other events nor due timers.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ File = int | HasFileno
 
 
 class Closing:
-    """What holds fds (a loop, a scope on it, an inotify watch) and gives them back when a `with` block that
-    entered it ends (`close()`)."""
+    """What holds fds and gives them back when the `with` block that entered it ends (`close()`)."""
 
     def close(self) -> None:
         raise NotImplementedError
@@ -78,17 +72,14 @@ class Loop(Closing):
         finally:
             self._running = False
 
-    def _timeout(self) -> float | None:
-        waits = [t for t in (timers.timeout() for timers in self._timers) if t is not None]
-        return min(waits, default=None)
-
     def _round(self) -> bool:
         """Fire the due timers, then handle the next events; False once stopped."""
         for timers in list(self._timers):
             timers.fire_due(self.stopped)
             if self._stopped:
                 return False
-        for key, _ in self._sel.select(self._timeout()):
+        waits = [t for t in (timers.timeout() for timers in self._timers) if t is not None]
+        for key, _ in self._sel.select(min(waits, default=None)):
             if self._sel.get_map().get(key.fd) is not key:  # forgotten by a callback of this round
                 continue
             key.data()
@@ -155,9 +146,7 @@ class Scope(Closing):
 
     def exit_of(self, pid: int, callback: Callable[[], object]) -> int:
         """Call `callback` when the process `pid` has exited (a child stays a zombie until its owner reaps
-        it). The pidfd, to `forget` it by: forgetting closes it (else the scope's end does), so a scope that
-        watches many processes in turn (the leader's ssh attempts, retried) holds one fd a process it still
-        watches."""
+        it). The pidfd, to `forget` (and close) it by; else the scope's end closes it."""
         fd = os.pidfd_open(pid)
         self._pidfds.add(fd)
         try:
@@ -171,9 +160,6 @@ class Scope(Closing):
     def stop(self) -> None:
         self.loop.stop()
 
-    def stopped(self) -> bool:
-        return self.loop.stopped()
-
     def run(self) -> None:
         self.loop.run()
 
@@ -184,16 +170,14 @@ def follow_output(
     on_output: Callable[[int, bytes], object],
     timers: Timers | None = None,
     deadline: float | None = None,
-    loop: Loop | None = None,
 ) -> bool:
-    """Pass what the process `pid` writes to the pipes `fds` to `on_output(fd, chunk)` as it comes, until the
-    process exits: not until every copy of its pipes closes (a child it left running may hold them and write
-    forever); then what is already in the pipes, bounded, and True. False when `deadline` (the timers' clock)
-    came first. `timers`: what else the wait does meanwhile. On `loop`, this process's by default."""
+    """Pass what the process `pid` writes to the pipes `fds` to `on_output(fd, chunk)` until it exits (not
+    until every copy of its pipes closes: a child it left may hold them), then what is in them, bounded, and
+    True; False when `deadline` (the timers' clock) came first. `timers`: what else runs meanwhile."""
     open_fds = set(fds)
     exited = False
     ends = Timer("follow_output deadline")  # its own handle: the caller's timers (`timers`) keep theirs
-    with (loop or process_loop()).scope(timers) as scope:
+    with process_loop().scope(timers) as scope:
 
         def read(fd: int) -> None:
             chunk = os.read(fd, 65536)

@@ -1,5 +1,4 @@
-"""Process-tree utilities: child subreaper (a daemonizing orted is re-parented to the launcher, which ends it
-with the job and reaps it: `reap_orphans`), descendants from /proc, this host's ranks, signalling a tree."""
+"""Process-tree utilities: child subreaper, descendants from /proc, this host's ranks, signalling a tree."""
 
 from __future__ import annotations
 
@@ -65,15 +64,10 @@ def descendants_of(root: int, table: Mapping[int, tuple[int, str]]) -> list[int]
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    found: list[int] = []
-    frontier = [root]
+    found, frontier = [], [root]
     while frontier:
-        nxt = []
-        for pid in frontier:
-            for child in sorted(children.get(pid, ())):
-                found.append(child)
-                nxt.append(child)
-        frontier = nxt
+        frontier = [child for pid in frontier for child in sorted(children.get(pid, ()))]
+        found += frontier
     return found
 
 
@@ -156,7 +150,6 @@ def state(pid: int) -> str | None:
 
 
 def is_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
     return state(pid) not in (None, "Z")
 
 
@@ -181,9 +174,9 @@ def signal_pids(pids: Iterable[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def kill_descendants(root: int | None = None) -> None:
+def kill_descendants() -> None:
     """SIGKILL every descendant: what is left when a role ends must not outlive it."""
-    signal_pids(reversed(descendants(root)), signal.SIGKILL)
+    signal_pids(reversed(descendants()), signal.SIGKILL)
     reap_orphans(())
 
 

@@ -1,7 +1,6 @@
 """Signals, the two ways `train` takes them: before the job starts a stop raises errors.Stopped wherever the
-preparation is (`PreparationSignals`); a role's wait takes them as events on its loop (`SignalWatch`, which
-puts the former back at its end). Either is needed: as PID 1 a signal without a handler is ignored, and
-elsewhere SIGUSR1's default would kill `train` and leave its children running.
+preparation is (`PreparationSignals`); a role's wait takes them as events on its loop (`SignalWatch`). As
+PID 1 a signal without a handler is ignored, and elsewhere SIGUSR1's default would kill `train` alone.
 """
 
 from __future__ import annotations
@@ -22,10 +21,8 @@ WATCHED = (*STOP_SIGNALS, signal.SIGCHLD, signal.SIGUSR1)  # USR1: stack dumps
 
 
 class PreparationSignals:
-    """Raise Stopped in the main thread on the first stop signal: the preparation step in progress
-    (code download, pip, the EFA probe: steps.py) is ended with its process tree, and the launcher then
-    kills whatever else it started. Later stops while that unwinds are ignored, so they cannot interrupt the
-    cleanup."""
+    """Raise Stopped in the main thread on the first stop signal (the step in progress ends with its tree);
+    later stops are ignored, so they cannot interrupt the cleanup."""
 
     def __init__(self) -> None:
         self.stopped_by: int | None = None
@@ -43,8 +40,7 @@ class PreparationSignals:
 
     @staticmethod
     def _dump(_signum: int, _frame: object) -> None:
-        # One write, not the logging module: a stop that arrives while this runs must not land in a logging
-        # handler's `except` (see errors.Stopped).
+        # One write, not logging: a stop must not land in a logging handler's `except` (errors.Stopped).
         line = (
             f"[smhvd {time.strftime('%H:%M:%S')}] INFO SIGUSR1: no rank is running yet (the job is being "
             "prepared): no stack dump to take\n"

@@ -1,14 +1,9 @@
 """Preparation steps (the code's download, pip, the EFA probe) as child processes that end with their tree.
-
-A step runs in its own session, its output kept (of each stream the first and the last OUTPUT_LIMIT // 2
-bytes: a probe reports first, pip fails last) and shown as it comes if asked. However the wait ends, nothing
-the step started is left: when it exits, what it left behind is killed; at its deadline, or when an exception
-reaches the wait (a stop: errors.Stopped), its group and everything started since it began get SIGTERM, then
-SIGKILL STOP_GRACE later. "Started since" is exact as the launcher is a child subreaper: a daemon is
-re-parented to it. What the launcher starts itself meanwhile (its own session: the links, sshd) is not the
-step's. A step's TMPDIR is a directory of its own (`private_tmpdir`), gone with it however it ends (pip keeps
-its pip-* directories on SIGTERM); one a train killed outright left is removed by the next step (each is
-locked by its train).
+A step runs in its own session, the head and tail of its output kept (a probe reports first, pip fails last).
+However the wait ends, nothing the step started is left: what it left behind is killed when it exits; at its
+deadline, or when an exception (errors.Stopped) reaches the wait, its group and everything started since it
+began get SIGTERM, then SIGKILL STOP_GRACE later ("since" is exact: the launcher is a child subreaper). Its
+TMPDIR is its own (`private_tmpdir`: pip keeps its pip-* directories on SIGTERM).
 """
 
 from __future__ import annotations
@@ -63,59 +58,45 @@ def run_step(
 ) -> StepResult:
     """Run argv to its end (or `timeout` seconds); `echo` copies its output to this process's stderr as it
     comes. Raises what Popen raises (FileNotFoundError: no such program) and whatever interrupts the wait,
-    after the step's process tree was ended. The step's TMPDIR is a directory of its own, gone when this
-    returns (`private_tmpdir`)."""
+    after the step's process tree was ended."""
     with private_tmpdir() as tmp:
-        step_env = {**(os.environ if env is None else env), "TMPDIR": str(tmp)}
-        return _run(argv, timeout, cwd, step_env, echo, merge_stderr)
-
-
-def _run(
-    argv: Sequence[str],
-    timeout: float | None,
-    cwd: Path | None,
-    env: Mapping[str, str],
-    echo: bool,
-    merge_stderr: bool,
-) -> StepResult:
-    before = set(descendants())
-    proc = subprocess.Popen(
-        list(argv),
-        cwd=cwd,
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-        start_new_session=True,  # its own process group: one signal reaches what it starts
-        preexec_fn=die_with_parent,  # noqa: PLW1509  (a launcher killed outright leaves no step behind)
-    )
-    streams = [s for s in (proc.stdout, proc.stderr) if s is not None]
-    kept = {s.fileno(): _HeadAndTail() for s in streams}  # stdout first, then stderr (dicts keep order)
-    try:
-        finished = _wait(proc, kept, echo, None if timeout is None else time.monotonic() + timeout)
-        if finished:
-            _kill(proc, before)  # what it left behind
-        else:
+        before = set(descendants())
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env={**(os.environ if env is None else env), "TMPDIR": str(tmp)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+            start_new_session=True,  # its own process group: one signal reaches what it starts
+            preexec_fn=die_with_parent,  # noqa: PLW1509  (a launcher killed outright leaves no step behind)
+        )
+        streams = [s for s in (proc.stdout, proc.stderr) if s is not None]
+        kept = {s.fileno(): _HeadAndTail() for s in streams}  # stdout first, then stderr (dicts keep order)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            finished = follow_output(
+                proc.pid, kept, lambda fd, data: kept[fd].add(data, echo), deadline=deadline
+            )
+            if finished:
+                _kill(proc, before)  # what it left behind
+            else:
+                end_tree(proc, before)
+        except BaseException:
             end_tree(proc, before)
-    except BaseException:
-        end_tree(proc, before)
-        raise
-    finally:
-        for stream in streams:
-            stream.close()
+            raise
+        finally:
+            for stream in streams:
+                stream.close()
     out, err = [*(k.value() for k in kept.values()), b""][:2]
     return StepResult(proc.returncode if finished else None, out, err)
 
 
 @contextlib.contextmanager
 def private_tmpdir(parent: Path | None = None) -> Iterator[Path]:
-    """A new directory (0700) under `parent` (default: this process's temporary directory), removed with
-    everything in it when the block ends, however it ends. A stop that lands during the removal is raised
-    after it (PreparationSignals acts on the first stop only, so the second attempt runs undisturbed).
-
-    While the block runs, this process holds a lock on the directory (made under a hidden name, locked, then
-    renamed into place, so that no other train finds it unlocked); directories whose holder is gone are
-    removed first (`remove_abandoned`)."""
+    """A new directory (0700) under `parent` (default: the temporary directory), removed with everything in
+    it however the block ends. This process holds a lock on it meanwhile (made under a hidden name, locked,
+    then renamed into place: no other train finds it unlocked); ones whose holder is gone go first."""
     parent = parent or Path(tempfile.gettempdir())
     remove_abandoned(parent)
     name = f"{TMPDIR_PREFIX}{secrets.token_hex(8)}"
@@ -181,14 +162,6 @@ def _remove(*paths: Path) -> None:
         raise
 
 
-def _wait(
-    proc: subprocess.Popen[bytes], kept: dict[int, _HeadAndTail], echo: bool, deadline: float | None
-) -> bool:
-    """Read the step's output until it exits (True: then what is in the pipes too, not until every copy of
-    them closes, since a process it left behind may hold one) or the deadline passes (False)."""
-    return follow_output(proc.pid, kept, lambda fd, chunk: _keep(kept[fd], chunk, echo), deadline=deadline)
-
-
 class _HeadAndTail:
     """A stream's first and last OUTPUT_LIMIT // 2 bytes; what lies between is dropped (and marked)."""
 
@@ -197,7 +170,9 @@ class _HeadAndTail:
         self.tail = bytearray()
         self.dropped = False
 
-    def add(self, chunk: bytes) -> None:
+    def add(self, chunk: bytes, echo: bool = False) -> None:
+        if echo:
+            os.write(2, chunk)
         room = OUTPUT_LIMIT // 2 - len(self.head)
         if room > 0 and not self.tail:
             self.head += chunk[:room]
@@ -209,12 +184,6 @@ class _HeadAndTail:
 
     def value(self) -> bytes:
         return bytes(self.head + (b"\n[...]\n" if self.dropped else b"") + self.tail)
-
-
-def _keep(kept: _HeadAndTail, chunk: bytes, echo: bool) -> None:
-    if echo:
-        os.write(2, chunk)
-    kept.add(chunk)
 
 
 def _started_since(before: set[int]) -> list[int]:
@@ -237,11 +206,11 @@ def _reap(pids: Iterable[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
-def end_tree(proc: subprocess.Popen[bytes], before: set[int], grace: float = STOP_GRACE) -> None:
-    """SIGTERM to the step's group and every process started since it began; SIGKILL after `grace` to what
-    is still alive; the step and the orphans it left reaped."""
+def end_tree(proc: subprocess.Popen[bytes], before: set[int]) -> None:
+    """SIGTERM to the step's group and every process started since it began; SIGKILL STOP_GRACE later to
+    what is still alive; the step and the orphans it left reaped."""
     _signal_tree(proc, _started_since(before), signal.SIGTERM)
-    _wait_gone(proc, before, grace)
+    _wait_gone(proc, before, STOP_GRACE)
     _kill(proc, before)
 
 

@@ -9,8 +9,7 @@ from collections.abc import Callable
 
 
 class Timer:
-    """A handle on one timer of a Timers (set, set again, cancelled, asked about by it); the label is for
-    reading only."""
+    """A handle on one timer of a Timers; the label is for reading only."""
 
     __slots__ = ("label",)
 

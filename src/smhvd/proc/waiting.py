@@ -27,10 +27,8 @@ def wait_until(
     sleep: Callable[[float], None] = time.sleep,
     error: type[Exception] = WaitTimeout,
 ) -> T:
-    """Call `check` until it returns something other than None; raise `error` after `timeout` seconds.
-
-    A check may raise NotYet(reason) instead of returning None; the last reason is quoted in the error.
-    """
+    """Call `check` until it returns something other than None; raise `error` after `timeout` seconds. A
+    check may raise NotYet(reason) instead of returning None; the last reason is quoted in the error."""
     deadline = clock() + timeout
     interval = initial
     last = ""

@@ -21,18 +21,12 @@ STARTUP_NOISE = re.compile(
 )
 
 
-def without_noise(text: str) -> str:
-    """`text` without the lines that are known framework start-up noise (STARTUP_NOISE), and without colours
-    (ANSI escape sequences)."""
-    lines = _ANSI.sub("", text).splitlines(keepends=True)
-    return "".join(line for line in lines if not STARTUP_NOISE.fullmatch(line.strip()))
-
-
 def compose(headline: str, detail: str = "", limit: int = FAILURE_LIMIT) -> str:
-    """One headline, then as much of the end of `detail` as fits (start-up noise dropped), starting at a line
-    boundary if possible."""
+    """One headline, then as much of the end of `detail` as fits (without start-up noise and colours),
+    starting at a line boundary if possible."""
     headline = " ".join(headline.split())[:limit]
-    detail = without_noise(detail).strip()
+    lines = _ANSI.sub("", detail).splitlines(keepends=True)
+    detail = "".join(line for line in lines if not STARTUP_NOISE.fullmatch(line.strip())).strip()
     room = limit - len(headline) - 1
     if not detail or room <= 0:
         return headline
@@ -44,10 +38,8 @@ def compose(headline: str, detail: str = "", limit: int = FAILURE_LIMIT) -> str:
 
 
 def write_failure(path: Path, text: str) -> bool:
-    """Write the failure reason unless one is there already. True when this call wrote it.
-
-    The text is encoded before the file is created: what UTF-8 cannot hold (a lone surrogate from a name in
-    the configuration or an archive) is written as a backslash escape, so the file is never left empty."""
+    """Write the failure reason unless one is there already; True when this call wrote it. What UTF-8 cannot
+    hold (a lone surrogate) is written as a backslash escape, so the file is never left empty."""
     data = text.encode("utf-8", errors="backslashreplace")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

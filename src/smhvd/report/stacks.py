@@ -1,12 +1,8 @@
 """Python stack dumps of every rank, for jobs that hang: where is each rank stuck?
-
-`python -m smhvd.report.stacks HOST OUT_DIR` dumps this host's ranks (the children of the rank wrappers whose
-SM_CURRENT_HOST is HOST) with py-spy, in parallel and bounded, into `OUT_DIR/stacks/<host>-rank<N>.txt`, and
-prints a JSON line per rank. The leader runs it on its host and over ssh on every other MPI host (a worker on
-its own), each a process of its own (py-spy's exit codes are read there, never taken by `train`'s reaping of
-orphans), and logs one line of where the ranks sit (first in the failure file when the job then ends badly).
-py-spy only reads a rank (the wrapper allows it: PR_SET_PTRACER). `Dumps` says when to take one, `AfterDump`
-what to do once it is taken.
+`python -m smhvd.report.stacks HOST OUT_DIR` dumps this host's ranks with py-spy, in parallel and bounded,
+into `OUT_DIR/stacks/<host>-rank<N>.txt`, and prints a JSON line per rank. The leader runs it on every MPI
+host (a worker on its own) and logs one line of where the ranks sit (docs/architecture.md says why a process
+of its own). `Dumps` says when to take one, `AfterDump` what to do once it is taken.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,9 +31,7 @@ from smhvd.proc.processes import is_rank_wrapper, read_process_table
 from smhvd.proc.timers import Timer, Timers
 
 DUMP_TIMEOUT = 20.0  # one py-spy dump
-# On a stop, the ranks get SIGTERM once the stack dump has ended, or this long after the stop if it has not
-# (the loop runs meanwhile: output, heartbeats, a second stop).
-STOP_DUMP_WAIT = 8.0
+STOP_DUMP_WAIT = 8.0  # on a stop, the ranks get SIGTERM once the dump has ended, or this long after
 REMOTE_TIMEOUT = DUMP_TIMEOUT + 15.0  # a host's dumps: its process's start (and ssh) + its parallel dumps
 log = logging.getLogger("smhvd")
 _FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
@@ -126,26 +120,14 @@ def dump_one(rank: RankProcess, host: str, out_dir: Path, py_spy: str) -> RankDu
 
 
 def dump_file_name(host: str, rank: int | None) -> str:
-    """`<host>-rank<N>.txt`, within a file name's 255 bytes whatever the host name (a valid one has up to 253
-    characters): a long one is cut and keeps a digest of the whole, so that two hosts never share a file."""
+    """`<host>-rank<N>.txt` within a file name's 255 bytes: a long host name is cut and keeps a digest of the
+    whole, so that two hosts never share a file."""
     suffix = f"-rank{'unknown' if rank is None else rank}.txt"
     safe = host.replace("/", "_")
     if len(safe.encode()) + len(suffix) > 200:
         digest = hashlib.sha256(host.encode()).hexdigest()[:12]
         safe = safe.encode()[:120].decode(errors="ignore") + "-" + digest
     return safe + suffix
-
-
-def dump_host(host: str, out_dir: Path, ranks: Sequence[RankProcess] | None = None) -> Iterator[RankDump]:
-    """Dump this host's ranks in parallel, each as it is done; each dump is bounded, so the whole is too."""
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    todo = list(find_ranks(host, out_dir) if ranks is None else ranks)
-    if not todo:
-        return
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
-        done = [pool.submit(dump_one, rank, host, out_dir, py_spy) for rank in todo]
-        for future in concurrent.futures.as_completed(done):
-            yield future.result()
 
 
 def summary_line(dumps: Iterable[RankDump], reason: str) -> str:
@@ -172,23 +154,16 @@ def parse_dumps(lines: Iterable[str]) -> list[RankDump]:
     for line in lines:
         try:
             data: Mapping[str, object] = json.loads(line)
-            rank = data["rank"]
-            dumps.append(
-                RankDump(
-                    rank if isinstance(rank, int) else None,
-                    str(data["host"]),
-                    str(data["where"]),
-                    str(data["file"]),
-                )
-            )
+            rank = data["rank"] if isinstance(data["rank"], int) else None
+            dumps.append(RankDump(rank, *(str(data[key]) for key in ("host", "where", "file"))))
         except (ValueError, KeyError, TypeError):
             continue
     return dumps
 
 
 class StackDumper:
-    """The leader's dumps: its own ranks here, every other MPI host's over the job's ssh configuration, all in
-    parallel; one summary line logged and kept (`last_line`) for the failure file."""
+    """Dumps of this host's ranks and, over ssh, `others`', in parallel; one summary line logged and kept
+    (`last_line`) for the failure file. `whose`: what the log says it dumps (a worker: its own ranks)."""
 
     def __init__(
         self,
@@ -196,22 +171,17 @@ class StackDumper:
         out_dir: Path,
         others: Sequence[str],
         ssh_config: Path | None,
-        whose: str = "every rank",  # what the log says it dumps (a worker: its own host's ranks)
+        whose: str = "every rank",
     ) -> None:
-        self.host = host
-        self.whose = whose
-        self.out_dir = out_dir
+        self.host, self.whose, self.out_dir, self.ssh_config = host, whose, out_dir, ssh_config
         self.others = list(others) if ssh_config is not None else []
-        self.ssh_config = ssh_config
         self.last_line: str | None = None
         self._thread: threading.Thread | None = None
-        # Readable once the dump `start` began (or the one already running) has ended: the leader's loop
-        # stops the ranks then, without waiting on the thread itself.
+        # Readable once the dump `start` began (or the one already running) has ended.
         self.finished = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     def start(self, reason: str) -> None:
-        """Dump in the background (the leader keeps reading output and sending heartbeats meanwhile);
-        a request while a dump runs is dropped, and `finished` says when that one ends."""
+        """Dump in a thread; a request while a dump runs is dropped, and `finished` says when it ends."""
         if self._thread is not None and self._thread.is_alive():
             return
         with contextlib.suppress(BlockingIOError):
@@ -228,8 +198,8 @@ class StackDumper:
             os.eventfd_write(self.finished, 1)
 
     def finish(self, timeout: float) -> None:
-        """The job is over: give a dump still running up to `timeout` seconds to end, then close
-        `finished` (unless the dump runs still: it will write to it; the process's end closes it)."""
+        """The job is over: give a running dump up to `timeout` seconds, then close `finished` (unless the
+        dump still runs and will write to it)."""
         if self._thread is not None:
             self._thread.join(timeout)
         if self._thread is None or not self._thread.is_alive():
@@ -303,9 +273,8 @@ class AfterDump:
 
 @dataclass
 class Dumps:
-    """When to take stack dumps of every rank, besides SIGUSR1 and a stop: once when Horovod
-    reports a stall, and once per silence when no rank has written anything for `silence` seconds (a timer
-    of the supervisor's loop, set again by every output)."""
+    """When to take stack dumps, besides SIGUSR1 and a stop: once when Horovod reports a stall, and once per
+    silence when no rank has written anything for `silence` seconds."""
 
     dump: Callable[[str], object]  # starts a dump in the background
     finished: int | None = None  # readable once the dump last started has ended (None: `dump` returns then)
@@ -327,10 +296,8 @@ class Dumps:
 
     def _listen_for_silence(self) -> None:
         if self.silence is not None and self.timers is not None:
-            self.timers.after(self.silence_timer, self.silence, self._silent)
-
-    def _silent(self) -> None:
-        self.dump(f"no output from any rank for {self.silence:g}s")
+            why = f"no output from any rank for {self.silence:g}s"
+            self.timers.after(self.silence_timer, self.silence, lambda: self.dump(why))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,8 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         sys.stderr.write("usage: python -m smhvd.report.stacks HOST OUTPUT_DATA_DIR\n")
         return 64
-    for dump in dump_host(args[0], Path(args[1])):
-        print(dump.to_json(), flush=True)
+    host, out_dir = args[0], Path(args[1])
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    todo = find_ranks(host, out_dir)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(todo) or 1)) as pool:
+        done = [pool.submit(dump_one, rank, host, out_dir, py_spy) for rank in todo]
+        for future in concurrent.futures.as_completed(done):  # each dump is bounded, so the whole is too
+            print(future.result().to_json(), flush=True)
     return 0
 
 

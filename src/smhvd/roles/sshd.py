@@ -1,9 +1,5 @@
-"""sshd for worker hosts and the ssh client config the leader uses: generated per run, key-only.
-
-Readiness is the PidFile: sshd writes it only after its listening socket is bound, and `train` waits for it
-on its loop (its creation through inotify, sshd's exit, a deadline). The port is SMHVD_SSH_PORT
-(env_options.py), which each rank reads too: its worker's `train` serves it from a directory named after the
-port (hostenv/client.rank_directory).
+"""sshd for worker hosts and the ssh client config the leader uses: generated per run, key-only. The port is
+SMHVD_SSH_PORT (env_options.py), which names the worker's private directory too (hostenv/client.py).
 """
 
 from __future__ import annotations
@@ -49,12 +45,9 @@ def render_sshd_config(port: int, host_keys: Sequence[Path], pid_file: Path) -> 
     return "\n".join(lines) + "\n"
 
 
-# Key exchanges, fastest first. OpenSSH 9's default, the post-quantum hybrid sntrup761x25519, costs the client
-# about 80 ms of CPU per connection (14 ms in all with curve25519): the leader opens two connections per
-# worker (its link, mpirun's orted), which at 32 hosts was 3 s of the leader's CPU (docs/benchmarks.md). The
-# sessions only carry the launch; the ranks' own traffic is not encrypted by ssh anyway. Every name is
-# known to OpenSSH 7.4 and later (an unknown name is a configuration error); a FIPS-only server still finds
-# the NIST curves and DH groups.
+# Key exchanges, fastest first: OpenSSH 9's default (sntrup761x25519) costs the client about 80 ms of CPU per
+# connection, 14 ms with curve25519, and the leader opens two per worker (3 s at 32 hosts); the sessions only
+# carry the launch. Every name is known to OpenSSH 7.4+; a FIPS-only server still finds the NIST ones.
 KEX_ALGORITHMS = (
     "curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,ecdh-sha2-nistp384,"
     "ecdh-sha2-nistp521,diffie-hellman-group-exchange-sha256,diffie-hellman-group16-sha512,"
@@ -62,13 +55,10 @@ KEX_ALGORITHMS = (
 )
 
 
-def render_ssh_config(port: int, connect_timeout: int = 5, control_dir: Path | None = None) -> str:
-    """Client side, for the leader's links and for mpirun's orted launches (plm_rsh_args -F).
-
-    `control_dir`: the leader's private run directory. The link to each worker is opened first and becomes the
-    master of the ssh connection to it (ControlMaster); every later ssh to that worker (mpirun's orted, for
-    the pre-flight and for the job, the stack dumps) is a session over that connection, without a key
-    exchange and authentication of its own: on 16 simulated hosts `mpirun true` takes 0.55 s, not 2.2."""
+def render_ssh_config(port: int, control_dir: Path | None = None) -> str:
+    """Client side, for the leader's links and for mpirun's orted launches (plm_rsh_args -F). `control_dir`:
+    the leader's private run directory, where each link is the master of the connection to its worker
+    (docs/multi-host.md)."""
     lines = [
         "Host *",
         f"  Port {port}",
@@ -77,7 +67,7 @@ def render_ssh_config(port: int, connect_timeout: int = 5, control_dir: Path | N
         "  StrictHostKeyChecking no",  # host keys are per image/instance; the hosts are the job's own
         "  UserKnownHostsFile /dev/null",
         "  LogLevel ERROR",
-        f"  ConnectTimeout {connect_timeout}",
+        "  ConnectTimeout 5",
         "  ServerAliveInterval 5",
         "  ServerAliveCountMax 3",
         "  ForwardAgent no",
@@ -134,9 +124,8 @@ def start_sshd(run_dir: Path, port: int, timeout: float = 10.0) -> subprocess.Po
 
 
 def _wait_listening(proc: subprocess.Popen[bytes], pid_file: Path, port: int, timeout: float) -> None:
-    """Until sshd has written its PidFile (it does once its socket is bound), on this process's loop:
-    the file's creation (proc/created.py), sshd's exit and the deadline are its events. PeerError if sshd
-    exits or the deadline comes first."""
+    """Until sshd has written its PidFile (it does once its socket is bound): its creation (inotify), sshd's
+    exit (PeerError) or the deadline (PeerError), on this process's loop."""
 
     def exited() -> None:
         raise PeerError(f"sshd exited with code {proc.wait()} at start (port {port} in use?)")

@@ -10,10 +10,7 @@ read from it, in one place (`Worker`):
   STOPPING (the verdict still comes from the leader);
 - deadlines: before the start, launcher_leader_timeout_seconds from `train`'s start (69); RUNNING,
   SILENCE_LIMIT without a word (69); STOPPING, STOP_GRACE (143).
-
-The link's events are handled from `__enter__` on, whoever runs the process's loop: during the preparation
-(code, pip, the EFA probe) an end raises errors.Ended (or PeerError) through that step; `wait` then runs the
-loop itself until the job's verdict.
+The link's events are handled from `__enter__` on, whoever runs the process's loop (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -99,11 +96,11 @@ class OutsideScript:
             code, f"the script on {self.host} (outside the MPI instance groups) exited with code {code}"
         )
 
-    def stop(self, grace: float = OUTSIDE_STOP_GRACE) -> None:
+    def stop(self) -> None:
         if self.proc.poll() is None:
             log.info("the job ended: stopping the script on %s", self.host)
             self.proc.terminate()
-            if not wait_exits([self.proc.pid], grace):
+            if not wait_exits([self.proc.pid], OUTSIDE_STOP_GRACE):
                 self.proc.kill()
         self.proc.wait()
 
@@ -244,9 +241,7 @@ class Worker:
             self.script.check()
 
     def _stop(self, why: str) -> None:
-        """A stop (this host's SIGTERM, or the leader's `stop`): before the start, the end; while the job
-        runs, a stack dump, then SIGTERM to this host's ranks (the loop runs on meanwhile: AfterDump), and
-        the verdict still comes from the leader, within STOP_GRACE."""
+        """A stop (this host's SIGTERM, or the leader's `stop`), as the module's table says."""
         if self.state in BEFORE_START:
             raise Ended(EX_STOPPED, "")
         if self.state is State.STOPPING:

@@ -1,17 +1,12 @@
 """`python .../smhvd/runscript/run.py SCRIPT ARGS`: run a Python training script as `python SCRIPT ARGS` does,
 except that a script that fails ends its process at once.
 
-A rank whose script raises (or exits non-zero) after MPI is initialised would run its exit handlers, whose
-MPI_Finalize or Horovod shutdown waits for the other ranks, which wait in a collective for it: the job hangs
-until max_run. Here the traceback is printed (through sys.excepthook), the streams flushed, and the process
-exits with the script's code skipping exit handlers (as `python -m mpi4py` does with MPI_Abort, for any
-framework). A normal end or sys.exit(0) exits as usual; a KeyboardInterrupt ends it by SIGINT; a failing
-excepthook is reported as Python reports it. Everything else is what `python SCRIPT` gives the script
-(tests/launcher/runscript/test_runscript.py compares each): its module is `sys.modules['__main__']` for the
-whole process, with the same globals, argv, sys.path (its real directory first), interpreter flags and loaded
-modules. So this file is run by its path, not with `-m`, and imports only what the interpreter loaded at
-start: while it starts its own folder (nothing but this file) is first on sys.path, and a user's `typing.py`,
-`signal.py` or `pkgutil.py` shadows nothing here.
+A failing rank's exit handlers (MPI_Finalize, Horovod's shutdown) would wait for the other ranks, which wait
+in a collective for it: the job would hang until max_run. Here the traceback is printed (sys.excepthook), the
+streams flushed, and the process exits with the script's code, skipping exit handlers (as `python -m mpi4py`
+does). Everything else is what `python SCRIPT` gives the script (tests/launcher/runscript/test_runscript.py
+compares each), so this file is run by its path, not with `-m`, and imports only what the interpreter loaded
+at start: a user's `typing.py` or `signal.py` shadows nothing here.
 """
 
 # No `from __future__ import annotations`: it imports __future__ before the note below (hence the quoted

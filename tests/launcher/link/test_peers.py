@@ -286,7 +286,7 @@ def test_a_stop_signal_ends_the_wait_and_the_workers_reached_are_told(
 
 def test_closing_hangs_up_on_every_worker_before_waiting_for_any(tmp_path: Path, ports: SshPorts) -> None:
     """Each relay exits only once all four saw their input end: waiting for one before hanging up on the next
-    would keep the first one waiting until close_all's deadline kills it (a non-zero exit)."""
+    would keep the first one waiting until Linking.close's deadline kills it (a non-zero exit)."""
     ports.open(*HOSTS)
     with ports.reach(tmp_path, together="eof") as linking:
         links = linking.links
