@@ -30,9 +30,11 @@ from smhvd.proc.loop import Scope
 from smhvd.proc.processes import is_rank_wrapper, read_process_table
 from smhvd.proc.timers import Timer, Timers
 
-DUMP_TIMEOUT = 20.0  # one py-spy dump
+DUMP_TIMEOUT = 45.0  # one py-spy dump, its start included (see HOST_DUMP_TIMEOUT)
 STOP_DUMP_WAIT = 8.0  # on a stop, the ranks get SIGTERM once the dump has ended, or this long after
-REMOTE_TIMEOUT = DUMP_TIMEOUT + 15.0  # a host's dumps: its process's start (and ssh) + its parallel dumps
+# A host's dumps: its process's start (and ssh) + its parallel dumps. Generous, as a stop never waits for it
+# (STOP_DUMP_WAIT): while ranks flood their output, starting a process may wait 5-60 s on 2 cores (measured).
+HOST_DUMP_TIMEOUT = 90.0
 log = logging.getLogger("smhvd")
 _FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
 _HOROVOD_FILE = re.compile(r"(^|/)horovod/")
@@ -130,13 +132,15 @@ def dump_file_name(host: str, rank: int | None) -> str:
     return safe + suffix
 
 
-def summary_line(dumps: Iterable[RankDump], reason: str) -> str:
-    """'stack dump (why): ranks 0,2 in allreduce (...); rank 1 on algo-2 in sleep (...)'. Pure."""
+def summary_line(dumps: Iterable[RankDump], reason: str, silent: Sequence[str] = ()) -> str:
+    """'stack dump (why): ranks 0,2 in allreduce (...); rank 1 on algo-2 in sleep (...)', and the hosts whose
+    dumps did not answer in time (`silent`). Pure."""
     by_place: dict[str, list[RankDump]] = defaultdict(list)
     for dump in dumps:
         by_place[dump.where].append(dump)
+    late = [f"no answer within {HOST_DUMP_TIMEOUT:g}s from {','.join(silent)}"] if silent else []
     if not by_place:
-        return f"stack dump ({reason}): no rank was running"
+        return f"stack dump ({reason}): " + ("; ".join(late) or "no rank was running")
     parts = []
     for place, group in sorted(by_place.items(), key=lambda kv: min(d.rank or 0 for d in kv[1])):
         ranks = ",".join(
@@ -145,7 +149,7 @@ def summary_line(dumps: Iterable[RankDump], reason: str) -> str:
         hosts = ",".join(sorted({d.host for d in group}))
         label = "ranks" if len(group) > 1 else "rank"
         parts.append(f"{label} {ranks} on {hosts} in {place}")
-    return f"stack dump ({reason}): " + "; ".join(parts)
+    return f"stack dump ({reason}): " + "; ".join(parts + late)
 
 
 def parse_dumps(lines: Iterable[str]) -> list[RankDump]:
@@ -224,17 +228,18 @@ class StackDumper:
             )
             for argv in commands
         ]
-        dumps = []
-        deadline = time.monotonic() + REMOTE_TIMEOUT
-        for proc in running:
+        dumps, silent = [], []
+        deadline = time.monotonic() + HOST_DUMP_TIMEOUT
+        for host, proc in zip([self.host, *self.others], running, strict=True):
             try:
                 out, _ = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:  # what it said of the ranks it dumped is kept
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 out, _ = proc.communicate()
+                silent.append(host)
             dumps += parse_dumps(out.splitlines())
-        line = summary_line(dumps, reason)
+        line = summary_line(dumps, reason, silent)
         log.warning("%s (files in %s)", line, self.out_dir / "stacks")
         with contextlib.suppress(OSError), (self.out_dir / "stacks" / "summary.txt").open("a") as f:
             f.write(line + "\n")

@@ -3,10 +3,11 @@ line): each rank's stack file is written all the same. The leader's loop reads t
 the same poll; the dump runs beside it (report/stacks.py).
 
 Each rank says it runs with a file, not with a line of output: under a flood, when another rank's line
-comes through mpirun is not what this test is about. The flood lasts until the test kills `train` (nothing
-of the job outlives it: test_nothing_outlives), so a slow machine cannot end it before the dump. What
-`train` writes is read all along, as a terminal or a log collector does, and only the launcher's own lines
-are kept (a minute of flood would be gigabytes)."""
+comes through mpirun is not what this test is about. Nor is speed: while 2 ranks flood 2 cores, starting any
+process (the dump's, py-spy) was measured to wait 5-60 s, so the files get the dump's own bound and more. The
+flood lasts until the test kills `train` (nothing of the job outlives it: test_nothing_outlives), so a slow
+machine cannot end it before the dump. What `train` writes is read all along, as a terminal or a log collector
+does, and only the launcher's own lines are kept (a minute of flood would be gigabytes)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 
 from smhvd.errors import WaitTimeout
 from smhvd.proc.waiting import NotYet, wait_until
+from smhvd.report.stacks import HOST_DUMP_TIMEOUT
 from support.rank_ready import SAY_READY, ranks_ready
 
 pytestmark = pytest.mark.integration
@@ -70,7 +72,8 @@ def test_sigusr1_during_a_flood_of_output_dumps_every_rank(train_job, flood):
         wait_until(lambda: ranks_ready(data, RANKS), what="both ranks to run", timeout=120)
         train.send_signal(signal.SIGUSR1)
         try:
-            files = wait_until(lambda: dumped(data / "stacks"), what="both ranks' stack files", timeout=60)
+            bound = HOST_DUMP_TIMEOUT + 30
+            files = wait_until(lambda: dumped(data / "stacks"), what="both ranks' stack files", timeout=bound)
         except WaitTimeout as exc:
             train.kill()
             train.wait()

@@ -55,6 +55,15 @@ def test_one_line_groups_ranks_by_place():
     assert summary_line([], "SIGUSR1") == "stack dump (SIGUSR1): no rank was running"
 
 
+def test_a_host_whose_dump_did_not_answer_is_named_not_taken_for_one_without_ranks():
+    dump = RankDump(0, "algo-1", "busy_elsewhere (train.py:8)", "f0")
+    assert summary_line([], "SIGUSR1", ["algo-1"]) == "stack dump (SIGUSR1): no answer within 90s from algo-1"
+    assert summary_line([dump], "SIGUSR1", ["algo-2", "algo-3"]) == (
+        "stack dump (SIGUSR1): rank 0 on algo-1 in busy_elsewhere (train.py:8); "
+        "no answer within 90s from algo-2,algo-3"
+    )
+
+
 def test_dumps_travel_as_json_lines_and_noise_is_skipped():
     dump = RankDump(1, "algo-2", "busy_elsewhere (train.py:8)", "/opt/ml/output/data/stacks/algo-2-rank1.txt")
     assert parse_dumps(["Warning: Permanently added 'algo-2'", dump.to_json(), "{}"]) == [dump]
