@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from smhvd.errors import Stopped
+from smhvd.mpi import nccl_net
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv
+from smhvd.mpi.nccl_net import NcclNet
 from smhvd.mpi.output import ABORT_SIGNS, first_sentence
 from smhvd.proc.loop import process_loop
 from smhvd.proc.processes import descendants, die_with_parent, drain_pipe
@@ -35,6 +37,7 @@ from smhvd.proc.steps import end_tree, last_line
 from smhvd.proc.timers import Timer
 from smhvd.wire import PREFLIGHT_BEAT, PREFLIGHT_MARK, PREFLIGHT_SPEC
 
+from .facts import HostFacts, read_facts
 from .verdict import Findings
 
 log = logging.getLogger("smhvd")
@@ -219,8 +222,34 @@ def findings_of(
     timeout: float,
     silence: float,
     groups: Mapping[str, tuple[str, str | None]],
+    ranks_per_host: int = 1,
 ) -> Findings:
-    """What the probes said, by host, with a reason for each host that did not finish."""
+    """What the probes said, by host, read as this launcher's findings (a host whose findings are not is
+    named as another version), with a reason for each host that did not finish. Pure; never raises."""
+    hosts = collected.hosts
+    missing, unfinished = _unfinished(collected, seconds, timeout, silence)
+    by_host = {hosts[r]: f for r, f in collected.found.items()}
+    typed = read_findings(by_host)
+    clock = by_host.get(hosts[0], {}).get("clock")
+    return dataclasses.replace(
+        typed,
+        hosts=tuple(hosts),
+        clock=clock if isinstance(clock, dict) and _is_clock(clock) else {},
+        gpu_cluster=_gpu_or_none(by_host.get(hosts[0], {}).get("gpu_cluster")),
+        silent=missing,
+        unfinished=unfinished,
+        errors={h: str(f["error"]) for h, f in by_host.items() if f.get("error")},
+        groups=groups,
+        seconds=seconds,
+        phases={hosts[r]: p for r, p in collected.phases.items()},
+        ranks_per_host=ranks_per_host,
+    )
+
+
+def _unfinished(
+    collected: Collected, seconds: float, timeout: float, silence: float
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Hosts missing (silent, or gone with an aborted job) and hosts that ran to the bound, with why."""
     hosts = collected.hosts
     silent = set(collected.silent(min(silence, timeout)))
     missing: dict[str, str] = {}
@@ -238,20 +267,63 @@ def findings_of(
             missing[host] = f"stopped answering during the pre-flight: no word for {min(silence, timeout):g}s"
         elif not silent and "error" not in collected.found.get(rank, {}):
             unfinished[host] = f"the pre-flight did not finish within {timeout:g}s"
-    by_host = {hosts[r]: f for r, f in collected.found.items()}
-    links = {h: f["links"] for h, f in by_host.items() if isinstance(f.get("links"), dict)}
-    clock = by_host.get(hosts[0], {}).get("clock") or {}
-    return Findings(
-        hosts=tuple(hosts),
-        facts={h: f["facts"] for h, f in by_host.items() if isinstance(f.get("facts"), dict)},
-        links=links,
-        clock=clock if isinstance(clock, dict) else {},
-        gpu={h: f["gpu"] for h, f in by_host.items() if isinstance(f.get("gpu"), dict)},
-        gpu_cluster=by_host.get(hosts[0], {}).get("gpu_cluster"),
-        silent=missing,
-        unfinished=unfinished,
-        errors={h: str(f["error"]) for h, f in by_host.items() if f.get("error")},
-        groups=groups,
-        seconds=seconds,
-        phases={hosts[r]: p for r, p in collected.phases.items()},
+    return missing, unfinished
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_links(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and _number(v) for k, v in value.items())
+
+
+def _is_clock(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(c, dict) and all(_number(c.get(k)) for k in ("rtt_ms", "offset_s")) for c in value.values()
     )
+
+
+def _gpu_or_none(value: object) -> dict[str, Any] | None:
+    """A GPU finding ({devices, nccl, algbw_gbps, busbw_gbps, ranks, error}, each optional), or None."""
+    if not isinstance(value, dict):
+        return None
+    figures_ok = all(
+        _number(value[k]) for k in ("devices", "algbw_gbps", "busbw_gbps", "ranks") if k in value
+    )
+    texts_ok = all(isinstance(value[k], str) for k in ("nccl", "error") if k in value)
+    return value if figures_ok and texts_ok else None
+
+
+def read_findings(by_host: Mapping[str, Mapping[str, Any]]) -> Findings:
+    """Each host's facts, links, GPU and NCCL-network findings, typed; a host with one that is not this
+    launcher's (missing, extra or mistyped) is in `other_version` with what differs. Pure."""
+    facts: dict[str, HostFacts] = {}
+    other: dict[str, str] = {}
+    links: dict[str, dict[str, float]] = {}
+    gpus: dict[str, dict[str, Any]] = {}
+    nets: dict[str, NcclNet] = {}
+    for host, found in by_host.items():
+        read = read_facts(found["facts"]) if "facts" in found else None
+        if isinstance(read, str):
+            other[host] = read
+        elif read is not None:
+            facts[host] = read
+        if "links" in found:
+            if _is_links(found["links"]):
+                links[host] = found["links"]
+            else:
+                other.setdefault(host, f"its link figures are not numbers by host: {found['links']!r:.60}")
+        gpu = _gpu_or_none(found.get("gpu"))
+        if gpu is not None:
+            gpus[host] = gpu
+        elif "gpu" in found:
+            other.setdefault(host, f"its GPU finding is not this launcher's: {found['gpu']!r:.60}")
+        net = nccl_net.from_fact(found.get("nccl_net"))
+        if net is not None:
+            nets[host] = net
+        elif "nccl_net" in found:
+            other.setdefault(
+                host, f"its NCCL network finding is not this launcher's: {found['nccl_net']!r:.60}"
+            )
+    return Findings(hosts=(), facts=facts, other_version=other, links=links, gpu=gpus, nccl_net=nets)

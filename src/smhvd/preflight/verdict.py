@@ -16,9 +16,24 @@ from typing import Any
 
 from smhvd.config.instance_types import EXPECTED_BUSBW_GBPS, gpu_count
 from smhvd.config.launcher_options import PreflightOptions
+from smhvd.mpi import nccl_net
+from smhvd.mpi.nccl_net import NcclNet
+from smhvd.preflight.facts import HostFacts
 from smhvd.preflight.network import late_trip, median
 
-Facts = Mapping[str, Any]  # one host's facts as its probe wrote them (facts.HostFacts as JSON)
+# /dev/shm a job needs on a host (docs/preflight.md): Open MPI's shared-memory transport maps a segment of
+# btl_vader_segment_size (4 MiB) for each rank of the host; NCCL's buffers between the GPUs of a host that are
+# not reached peer to peer, and its proxies', take tens of MB a GPU (the container default, 64 MB, fails 8).
+OPEN_MPI_SHM_MB = 4.0
+NCCL_SHM_MB = 64.0
+SHM_FIX = (
+    "start the container with more (`docker run --shm-size=1g`, as bin/local-train.sh does; SageMaker's own "
+    "instances have plenty) or lower launcher_preflight_min_shm_mb"
+)
+DISK_FIX = (
+    "free space there (SageMaker: the estimator's volume_size) or lower launcher_preflight_min_free_disk_mb"
+)
+OTHER_VERSION = "runs another version of the launcher"
 
 
 @dataclass(frozen=True)
@@ -32,7 +47,10 @@ class Findings:
     """What the probes said, by host (a host missing from `facts` never said anything)."""
 
     hosts: tuple[str, ...]  # the MPI hosts, the leader first
-    facts: Mapping[str, Facts] = field(default_factory=dict)
+    facts: Mapping[str, HostFacts] = field(default_factory=dict)
+    other_version: Mapping[str, str] = field(default_factory=dict)  # host -> what of its findings differs
+    nccl_net: Mapping[str, NcclNet] = field(default_factory=dict)  # host -> the network NCCL will use
+    ranks_per_host: int = 1
     links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # dst -> src -> MB/s
     clock: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # host -> rtt_ms, offset_s
     gpu: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> devices, busbw_gbps, error
@@ -140,29 +158,64 @@ def _gpu_reasons(findings: Findings, ratio: float) -> tuple[dict[str, str], floa
         elif med is not None and len(busbw) > 2 and value < ratio * med:
             reasons[host] = f"GPU all_reduce bus bandwidth {value:g} GB/s; median {med:g} GB/s"
     for host, g in findings.gpu.items():
-        if g.get("error") and findings.facts.get(host, {}).get("gpus"):
+        known = findings.facts.get(host)
+        if g.get("error") and known is not None and known.gpus:
             reasons.setdefault(host, f"GPUs visible but NCCL failed: {g['error']}")
     return reasons, med
 
 
-def _host_reasons(findings: Findings, options: PreflightOptions, facts: Facts, host: str) -> list[str]:
-    """What is wrong with one host by itself (floors, its instance type, its GPUs' health)."""
+def shm_need_mb(ranks_per_host: int, gpus: int) -> float:
+    """The /dev/shm (MB) a host's ranks need: Open MPI's segment per rank, NCCL's share per GPU in use (one
+    a rank) when several are (one GPU has no peer on its host). Pure."""
+    return ranks_per_host * OPEN_MPI_SHM_MB + _local_gpus(ranks_per_host, gpus) * NCCL_SHM_MB
+
+
+def _local_gpus(ranks_per_host: int, gpus: int) -> int:
+    """The GPUs NCCL connects within a host: one a rank, none when it is alone there. Pure."""
+    used = min(gpus, ranks_per_host)
+    return used if used > 1 else 0
+
+
+def shm_reason(shm: float, ranks_per_host: int, gpus: int, wanted: float | None) -> str | None:
+    """Why this much free /dev/shm is too little for the job (None: enough). `wanted`: the option, which
+    replaces the need derived from the job. Pure."""
+    if wanted is not None:
+        need, why = wanted, "launcher_preflight_min_shm_mb"
+    else:
+        need = shm_need_mb(ranks_per_host, gpus)
+        why = f"{ranks_per_host} rank(s) x {OPEN_MPI_SHM_MB:g} MB for Open MPI"
+        if _local_gpus(ranks_per_host, gpus):
+            why += f", {_local_gpus(ranks_per_host, gpus)} GPU(s) x {NCCL_SHM_MB:g} MB for NCCL"
+    if shm >= need:
+        return None
+    return f"/dev/shm has {shm:g} MB free; this job needs {need:g} MB ({why}): {SHM_FIX}"
+
+
+def _host_reasons(findings: Findings, options: PreflightOptions, facts: HostFacts, host: str) -> list[str]:
+    """What is wrong with one host by itself (floors, its instance type, its GPUs' health and tools)."""
     out: list[str] = []
     instance_type = findings.groups.get(host, ("", None))[1]
     expected = gpu_count(instance_type)
-    if expected is not None and facts["gpus"] != expected:
-        out.append(f"{facts['gpus']} GPU(s) visible; {instance_type} has {expected}")
-    for gpu in facts.get("gpu_health") or ():
-        if gpu.get("ecc_uncorrected"):
-            out.append(f"GPU {gpu['index']}: {gpu['ecc_uncorrected']} uncorrectable ECC error(s)")
-        if gpu.get("retired_pending") or gpu.get("remapped_pending"):
-            out.append(f"GPU {gpu['index']}: retired/remapped memory pending a reset")
-    shm = facts.get("shm_free_mb")
-    if shm is not None and shm < options.min_shm_mb:
-        out.append(f"/dev/shm has {shm:g} MB free; at least {options.min_shm_mb:g} MB wanted")
-    for place, free in (facts.get("disk_free_mb") or {}).items():
+    if expected is not None and facts.gpus != expected:
+        out.append(f"{facts.gpus} GPU(s) visible; {instance_type} has {expected}")
+    out += [f"{tool} {what}" for tool, what in sorted(facts.tools.items())]
+    for gpu in facts.gpu_health:
+        if gpu.ecc_uncorrected:
+            out.append(f"GPU {gpu.index}: {gpu.ecc_uncorrected} uncorrectable ECC error(s)")
+        if gpu.retired_pending or gpu.remapped_pending:
+            out.append(f"GPU {gpu.index}: retired/remapped memory pending a reset")
+    if facts.shm_free_mb is not None:
+        shm = shm_reason(facts.shm_free_mb, findings.ranks_per_host, facts.gpus, options.min_shm_mb)
+        out += [shm] if shm else []
+    for place, free in facts.disk_free_mb.items():
         if free is not None and free < options.min_free_disk_mb:
-            out.append(f"{place}: {free:g} MB free; at least {options.min_free_disk_mb:g} MB wanted")
+            out.append(
+                f"{place}: {free:g} MB free; at least {options.min_free_disk_mb:g} MB wanted: {DISK_FIX}"
+            )
+    net = findings.nccl_net.get(host)
+    falls_back = nccl_net.socket_reason(net, instance_type) if net is not None else None
+    if falls_back:
+        out.append(f"NCCL on {host} falls back to sockets: {falls_back}")
     offset = findings.clock.get(host, {}).get("offset_s")
     if offset is not None and abs(offset) > options.max_clock_offset:
         out.append(f"clock {offset:+g}s from the leader's; at most {options.max_clock_offset:g}s")
@@ -170,7 +223,7 @@ def _host_reasons(findings: Findings, options: PreflightOptions, facts: Facts, h
 
 
 def _group_reasons(
-    facts: Mapping[str, Facts], groups: Mapping[str, tuple[str, str | None]], leader: str
+    facts: Mapping[str, HostFacts], groups: Mapping[str, tuple[str, str | None]], leader: str
 ) -> dict[str, list[str]]:
     """Hosts unlike the majority of their instance group: GPUs, CPUs, EFA devices, memory (whole GB)."""
     out: dict[str, list[str]] = {}
@@ -180,10 +233,10 @@ def _group_reasons(
         ref = leader if leader in members else min(members)
         where = f"the other hosts of {group}" if group else "the other hosts"
         values: dict[str, dict[str, object]] = {
-            "GPU(s) visible": {h: f["gpus"] for h, f in members.items()},
-            "CPUs": {h: f["cpus"] for h, f in members.items()},
-            "EFA device(s)": {h: len(f["efa_devices"]) for h, f in members.items()},
-            "GB of memory": {h: round(f["memory_gb"] or 0) for h, f in members.items()},
+            "GPU(s) visible": {h: f.gpus for h, f in members.items()},
+            "CPUs": {h: f.cpus for h, f in members.items()},
+            "EFA device(s)": {h: len(f.efa_devices) for h, f in members.items()},
+            "GB of memory": {h: round(f.memory_gb or 0) for h, f in members.items()},
         }
         for what, by_host in values.items():
             for host, why in _odd_ones(by_host, ref, f"{{value}} {what}; {where} have {{usual}}").items():
@@ -191,12 +244,12 @@ def _group_reasons(
     return out
 
 
-def _version_reasons(facts: Mapping[str, Facts], leader: str) -> dict[str, list[str]]:
+def _version_reasons(facts: Mapping[str, HostFacts], leader: str) -> dict[str, list[str]]:
     """Hosts whose library versions differ from the majority of all hosts."""
     out: dict[str, list[str]] = {}
-    names = sorted({name for f in facts.values() for name in f.get("versions", {})})
+    names = sorted({name for f in facts.values() for name in f.versions})
     for name in names:
-        values = {h: f.get("versions", {}).get(name, "none") for h, f in facts.items()}
+        values = {h: f.versions.get(name, "none") for h, f in facts.items()}
         for host, why in _odd_ones(
             values, leader, f"{name} {{value}}; the other hosts have {{usual}}"
         ).items():
@@ -227,6 +280,8 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
         reasons[host].append(silent)
     for host, error in findings.errors.items():
         reasons[host].append(f"its probe failed: {error}")
+    for host, differs in findings.other_version.items():
+        reasons[host].append(f"{OTHER_VERSION}: {differs}")
     facts = {h: f for h, f in findings.facts.items() if h in reasons}
     for host, f in facts.items():
         reasons[host] += _host_reasons(findings, options, f, host)
@@ -245,9 +300,7 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
             reasons[host].append(late)
     named = tuple(Named(h, why[0]) for h, why in reasons.items() if why)
     rows = tuple(_row(findings, h, reasons[h]) for h in hosts)
-    notes = tuple(sorted({f"{h}: {note}" for h, f in facts.items() for note in f.get("notes", ())})) + tuple(
-        link_notes
-    )
+    notes = tuple(sorted({f"{h}: {note}" for h, f in facts.items() for note in f.notes})) + tuple(link_notes)
     medians = {"link_mb_s": link_median, "rtt_ms": rtt_median, "gpu_busbw_gbps": gpu_median}
     if findings.gpu_cluster is not None:
         medians["cluster_busbw_gbps"] = findings.gpu_cluster.get("busbw_gbps")
@@ -255,24 +308,26 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
 
 
 def _row(findings: Findings, host: str, reasons: Sequence[str]) -> dict[str, Any]:
-    f = findings.facts.get(host, {})
+    f = findings.facts.get(host)
     into = findings.links.get(host, {})
     out_of = [by_src[host] for by_src in findings.links.values() if host in by_src]
     clock = findings.clock.get(host, {})
+    net = findings.nccl_net.get(host)
     return {
         "host": host,
-        "cpus": f.get("cpus"),
-        "memory_gb": f.get("memory_gb"),
-        "gpus": f.get("gpus"),
-        "shm_free_mb": f.get("shm_free_mb"),
-        "disk_free_mb": dict(f.get("disk_free_mb") or {}),
+        "cpus": f.cpus if f else None,
+        "memory_gb": f.memory_gb if f else None,
+        "gpus": f.gpus if f else None,
+        "shm_free_mb": f.shm_free_mb if f else None,
+        "disk_free_mb": dict(f.disk_free_mb) if f else {},
         "link_in_mb_s": min(into.values()) if into else None,
         "link_out_mb_s": min(out_of) if out_of else None,
         "rtt_ms": clock.get("rtt_ms"),
         "clock_offset_s": clock.get("offset_s"),
         "gpu_busbw_gbps": findings.gpu.get(host, {}).get("busbw_gbps"),
-        "versions": dict(f.get("versions") or {}),
-        "efa_devices": len(f.get("efa_devices") or ()),
+        "nccl_net": nccl_net.cell(net) if net is not None else None,
+        "versions": dict(f.versions) if f else {},
+        "efa_devices": len(f.efa_devices) if f else 0,
         "probe_seconds": dict(findings.phases.get(host, {})),
         "verdict": "ok" if not reasons else "NAMED",
         "reasons": list(reasons),
@@ -299,6 +354,7 @@ COLUMNS = (
     ("rtt_ms", "rtt ms"),
     ("clock_offset_s", "clock s"),
     ("gpu_busbw_gbps", "gpu GB/s"),
+    ("nccl_net", "NCCL network"),
     ("verdict", "verdict"),
 )
 

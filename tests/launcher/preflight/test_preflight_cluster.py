@@ -123,7 +123,9 @@ def slow_link(setup: Setup) -> Iterator[dict[str, str]]:
 
 @contextlib.contextmanager
 def small_shm(setup: Setup) -> Iterator[dict[str, str]]:
-    in_host(setup.cluster, "algo-2", "mount", "-o", "remount,size=64m", "/dev/shm")
+    """1 MB of /dev/shm on algo-2: less than its one rank needs (a container's default 64 MB is enough for
+    the CPU job here, and names nobody: test_a_healthy_cluster_names_no_host_and_the_job_runs)."""
+    in_host(setup.cluster, "algo-2", "mount", "-o", "remount,size=1m", "/dev/shm")
     try:
         yield {}
     finally:
@@ -234,7 +236,14 @@ def marks(cluster: Cluster) -> list[str]:
 
 
 def test_a_healthy_cluster_names_no_host_and_the_job_runs(setup: Setup) -> None:
-    results = run_job(setup, "fail")
+    """... with a container's default /dev/shm (64 MB) on every host: enough for this CPU job."""
+    for host in HOSTS:
+        in_host(setup.cluster, host, "mount", "-o", "remount,size=64m", "/dev/shm")
+    try:
+        results = run_job(setup, "fail")
+    finally:
+        for host in HOSTS:
+            in_host(setup.cluster, host, "mount", "-o", "remount,size=50%", "/dev/shm")
     preflight = summary_of(setup.cluster)["preflight"]
     assert isinstance(preflight, dict)
     assert {h: r.exit_code for h, r in results.items()} == dict.fromkeys(HOSTS, 0), figures(preflight)
