@@ -51,6 +51,7 @@ class Findings:
     other_version: Mapping[str, str] = field(default_factory=dict)  # host -> what of its findings differs
     nccl_net: Mapping[str, NcclNet] = field(default_factory=dict)  # host -> the network NCCL will use
     ranks_per_host: int = 1
+    mpirun_said: str = ""  # mpirun's own message, whole, when its job failed or a host is missing
     links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # dst -> src -> MB/s
     clock: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # host -> rtt_ms, offset_s
     gpu: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> devices, busbw_gbps, error
@@ -301,6 +302,7 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
     named = tuple(Named(h, why[0]) for h, why in reasons.items() if why)
     rows = tuple(_row(findings, h, reasons[h]) for h in hosts)
     notes = tuple(sorted({f"{h}: {note}" for h, f in facts.items() for note in f.notes})) + tuple(link_notes)
+    notes += (f"mpirun said: {findings.mpirun_said}",) if findings.mpirun_said else ()
     medians = {"link_mb_s": link_median, "rtt_ms": rtt_median, "gpu_busbw_gbps": gpu_median}
     if findings.gpu_cluster is not None:
         medians["cluster_busbw_gbps"] = findings.gpu_cluster.get("busbw_gbps")

@@ -15,7 +15,14 @@ from smhvd.mpi import nccl_net
 from smhvd.preflight import facts as facts_module
 from smhvd.preflight import network
 from smhvd.preflight.facts import FACTS_VERSION, GpuHealth, driver_version, memory_gb, parse_gpu_query
-from smhvd.preflight.runner import Collected, findings_of, parse_line, read_findings
+from smhvd.preflight.runner import (
+    Collected,
+    blamed_host,
+    findings_of,
+    mpirun_message,
+    parse_line,
+    read_findings,
+)
 from smhvd.preflight.verdict import DISK_FIX, SHM_FIX, Findings, Named, judge, shm_reason, slow_links, table
 from smhvd.wire import PREFLIGHT_MARK
 
@@ -395,3 +402,71 @@ def test_nvidia_smi_that_misbehaves_is_a_finding_naming_it(
     assert facts_module.gpu_health(fake_tool(tmp_path, script)) == ((), says)
     good = fake_tool(tmp_path, "echo '0, NVIDIA A100, 0, No, [N/A], Enabled'")
     assert facts_module.gpu_health(good) == ((GpuHealth(0, "NVIDIA A100", 0, False, None, True),), None)
+
+
+RULE = "-" * 74
+LOST_DAEMON = f"""{RULE}
+ORTE has lost communication with a remote daemon.
+
+  HNP daemon   : [[33333,0],0] on node algo-1
+  Remote daemon: [[33333,0],3] on node algo-4
+
+This is usually due to either a failure of the TCP network
+connection to the node, or possibly an internal failure of
+the daemon itself. We cannot recover from this failure, and
+therefore will terminate the job.
+{RULE}"""
+NOTICED = "mpirun noticed that process rank 2 with PID 0 on node algo-3 exited on signal 9 (Killed)."
+RANK_KILLED = f"{RULE}\n{NOTICED}\n{RULE}"
+PROCESS_EXITED = f"""{RULE}
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[52345,1],1]
+  Exit code:    1
+{RULE}"""
+
+
+@pytest.mark.parametrize(
+    ("said", "blamed"),
+    [
+        (LOST_DAEMON, "algo-4"),  # not mpirun's own daemon's host, the leader
+        (RANK_KILLED, "algo-3"),
+        (PROCESS_EXITED, "algo-2"),  # by its rank
+        (f"[1,2]<stderr>:[algo-3:00024] PMIX ERROR: ...\n{RULE}\nIt looks like orte_init failed", "algo-3"),
+        ("mpirun: something without a host\n", None),
+    ],
+)
+def test_the_host_mpiruns_own_message_names(said: str, blamed: str | None) -> None:
+    lines = [line.encode() for line in said.splitlines()]
+    assert blamed_host(lines, HOSTS) == blamed
+    words = [w for line in said.splitlines() if line != RULE for w in line.split()]
+    assert mpirun_message(lines) == " ".join(words)  # whole, its borders left out
+
+
+def failed_job(said: str, heard: dict[int, dict[str, Any]]) -> Findings:
+    """The probes' MPI job exited 1 after mpirun said `said` and each rank of `heard` said its findings."""
+    collected = Collected(HOSTS)
+    for rank, finding in heard.items():
+        collected.feed(f"[1,{rank}]<stdout>:{PREFLIGHT_MARK}{json.dumps(finding)}\n".encode())
+    collected.feed(said.encode() + b"\n")
+    collected.exit_code = 1
+    return findings_of(collected, 2.0, 60.0, 10.0, dict.fromkeys(HOSTS, ("", None)))
+
+
+def test_a_failed_probe_job_names_only_the_host_the_evidence_points_at() -> None:
+    everyone = {r: {"facts": facts(h)} for r, h in enumerate(HOSTS)}
+    lost = judge(failed_job(LOST_DAEMON, everyone), OPTIONS)
+    assert [n.host for n in lost.named] == ["algo-4"]
+    assert lost.named[0].reason.startswith(
+        "the pre-flight's MPI job failed there: ORTE has lost communication"
+    )
+    assert "HNP daemon : [[33333,0],0] on node algo-1" in lost.named[0].reason  # whole, not cut at a rule
+    assert any(note.startswith("mpirun said: ORTE has lost") for note in lost.notes)
+    errored = {**everyone, 2: {"error": "OSError: no space left"}}
+    assert [n.host for n in judge(failed_job("mpirun exited", errored), OPTIONS).named] == ["algo-3"]
+    silent_one = {r: f for r, f in everyone.items() if r != 1}
+    named_silent = judge(failed_job("mpirun exited", silent_one), OPTIONS).named
+    assert [(n.host, n.reason.split(";")[0]) for n in named_silent] == [
+        ("algo-2", "did not answer: no word from its probe in 2.0s")
+    ]
