@@ -104,8 +104,7 @@ def gpu_findings(out: Out, mpi: tuple[Any, Any] | None, rank: int, n: int) -> No
         result: dict[str, object] = {"busbw_gbps": round(bw.busbw_gbps, 1), "ranks": bw.ranks}
     except gpu.GpuError as exc:
         result = {"error": str(exc)}
-    if rank == 0:
-        out.say(gpu_cluster=result)
+    out.say(gpu_cluster=result)  # every rank its own: a failure is NCCL's word on the host that saw it
 
 
 def run(spec: Mapping[str, Any], out: Out) -> None:

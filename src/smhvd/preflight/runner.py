@@ -242,7 +242,6 @@ def findings_of(
         typed,
         hosts=tuple(hosts),
         clock=clock if isinstance(clock, dict) and _is_clock(clock) else {},
-        gpu_cluster=_gpu_or_none(by_host.get(hosts[0], {}).get("gpu_cluster")),
         silent=missing,
         unfinished=unfinished,
         errors={h: str(f["error"]) for h, f in by_host.items() if f.get("error")},
@@ -360,6 +359,7 @@ def read_findings(by_host: Mapping[str, Mapping[str, Any]]) -> Findings:
     other: dict[str, str] = {}
     links: dict[str, dict[str, float]] = {}
     gpus: dict[str, dict[str, Any]] = {}
+    cluster: dict[str, dict[str, Any]] = {}
     nets: dict[str, NcclNet] = {}
     for host, found in by_host.items():
         read = read_facts(found["facts"]) if "facts" in found else None
@@ -372,11 +372,12 @@ def read_findings(by_host: Mapping[str, Mapping[str, Any]]) -> Findings:
                 links[host] = found["links"]
             else:
                 other.setdefault(host, f"its link figures are not numbers by host: {found['links']!r:.60}")
-        gpu = _gpu_or_none(found.get("gpu"))
-        if gpu is not None:
-            gpus[host] = gpu
-        elif "gpu" in found:
-            other.setdefault(host, f"its GPU finding is not this launcher's: {found['gpu']!r:.60}")
+        for key, into in (("gpu", gpus), ("gpu_cluster", cluster)):
+            gpu = _gpu_or_none(found.get(key))
+            if gpu is not None:
+                into[host] = gpu
+            elif key in found:
+                other.setdefault(host, f"its GPU finding is not this launcher's: {found[key]!r:.60}")
         net = nccl_net.from_fact(found.get("nccl_net"))
         if net is not None:
             nets[host] = net
@@ -384,4 +385,6 @@ def read_findings(by_host: Mapping[str, Mapping[str, Any]]) -> Findings:
             other.setdefault(
                 host, f"its NCCL network finding is not this launcher's: {found['nccl_net']!r:.60}"
             )
-    return Findings(hosts=(), facts=facts, other_version=other, links=links, gpu=gpus, nccl_net=nets)
+    return Findings(
+        hosts=(), facts=facts, other_version=other, links=links, gpu=gpus, gpu_cluster=cluster, nccl_net=nets
+    )

@@ -55,7 +55,7 @@ class Findings:
     links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # dst -> src -> MB/s
     clock: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # host -> rtt_ms, offset_s
     gpu: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> devices, busbw_gbps, error
-    gpu_cluster: Mapping[str, Any] | None = None
+    gpu_cluster: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> busbw_gbps, error
     silent: Mapping[str, str] = field(default_factory=dict)  # host -> why it is missing (stopped answering)
     # host -> its probe still ran at the bound with every host answering: named only when nothing else is
     unfinished: Mapping[str, str] = field(default_factory=dict)
@@ -158,6 +158,9 @@ def _gpu_reasons(findings: Findings, ratio: float) -> tuple[dict[str, str], floa
             )
         elif med is not None and len(busbw) > 2 and value < ratio * med:
             reasons[host] = f"GPU all_reduce bus bandwidth {value:g} GB/s; median {med:g} GB/s"
+    for host, g in findings.gpu_cluster.items():
+        if g.get("error"):
+            reasons.setdefault(host, f"NCCL all_reduce across the hosts failed here: {g['error']}")
     for host, g in findings.gpu.items():
         known = findings.facts.get(host)
         if g.get("error") and known is not None and known.gpus:
@@ -304,8 +307,8 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
     notes = tuple(sorted({f"{h}: {note}" for h, f in facts.items() for note in f.notes})) + tuple(link_notes)
     notes += (f"mpirun said: {findings.mpirun_said}",) if findings.mpirun_said else ()
     medians = {"link_mb_s": link_median, "rtt_ms": rtt_median, "gpu_busbw_gbps": gpu_median}
-    if findings.gpu_cluster is not None:
-        medians["cluster_busbw_gbps"] = findings.gpu_cluster.get("busbw_gbps")
+    if findings.gpu_cluster:
+        medians["cluster_busbw_gbps"] = median(g.get("busbw_gbps") for g in findings.gpu_cluster.values())
     return Verdict(named, rows, medians, notes, findings.seconds)
 
 

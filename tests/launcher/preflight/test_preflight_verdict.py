@@ -312,6 +312,11 @@ PROBE_OUTPUTS: dict[str, tuple[dict[str, Any], str]] = {
         {"facts": facts("algo-3", tools={"nvidia-smi": "printed bytes that are not UTF-8"})},
         "nvidia-smi printed bytes that are not UTF-8",
     ),
+    "NCCL across the hosts failed on one host": (
+        {"gpu_cluster": {"error": "ncclCommInitRank: remote process exited or there was a network error"}},
+        "NCCL all_reduce across the hosts failed here: ncclCommInitRank: remote process exited or there "
+        "was a network error",
+    ),
     "NCCL falls back to sockets on an EFA instance": (
         {"nccl_net": SOCKETS},
         f"NCCL on algo-3 falls back to sockets: no NCCL network plugin loads ({NO_PLUGIN})",
@@ -328,7 +333,13 @@ def test_a_probe_output_names_its_host_alone_and_never_raises(case: str) -> None
     odd, reason = PROBE_OUTPUTS[case]
     collected = Collected(HOSTS)
     for rank, host in enumerate(HOSTS):
-        healthy = {"facts": facts(host), "links": ring()[host], "nccl_net": OFI, "gpu": {"busbw_gbps": 228.0}}
+        healthy = {
+            "facts": facts(host),
+            "links": ring()[host],
+            "nccl_net": OFI,
+            "gpu": {"busbw_gbps": 228.0},
+            "gpu_cluster": {"busbw_gbps": 40.0, "ranks": 32},
+        }
         for key, value in (healthy | (odd if host == "algo-3" else {})).items():
             collected.feed(said(rank, {key: value, "t": 0.1}))
         collected.feed(said(rank, {"done": True}))
