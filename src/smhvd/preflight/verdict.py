@@ -9,6 +9,7 @@ leader's value breaking a tie). Each named host gets one reason: the first rule 
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -112,17 +113,20 @@ def _odd_ones(values: Mapping[str, object], reference: str, say: str) -> dict[st
 
 
 def slow_links(
-    links: Mapping[str, Mapping[str, float]], ratio: float
+    links: Mapping[str, Mapping[str, float]], ratio: float, group_of: Mapping[str, str] | None = None
 ) -> tuple[dict[str, str], list[str], float | None]:
-    """Hosts to name for links below ratio x the median, notes for the slow links no host explains, and the
-    median. A host whose slow links reach two or more other hosts is named for them (the most partners first,
-    each link explained once): its NIC, its link or its CPU is what they share. A slow link left over, or
-    both directions between two hosts, is a path between them that names neither: a note."""
+    """Hosts to name for links below ratio x the median of their kind, notes for the slow links no host
+    explains, and the median of all. A link's kind is the pair of its ends' instance groups (`group_of`):
+    links are compared within a group and between a pair of groups, so that groups unlike by design name
+    nobody. A host whose slow links reach two or more other hosts is named for them (the most partners
+    first, each link explained once): its NIC, its link or its CPU is what they share. A slow link left over,
+    or both directions between two hosts, is a path between them that names neither: a note."""
     every = {(src, dst): mb for dst, by_src in links.items() for src, mb in by_src.items()}
     med = median(list(every.values()))
     if med is None:
         return {}, [], None
-    left = {link: mb for link, mb in every.items() if mb < ratio * med}
+    usual = _link_medians(every, group_of or {})
+    left = {link: mb for link, mb in every.items() if mb < ratio * usual[link]}
     named: dict[str, str] = {}
     while left:
         partners: dict[str, set[str]] = {}
@@ -134,13 +138,25 @@ def slow_links(
             break
         mine = sorted((link, mb) for link, mb in left.items() if host in link)
         shown = ", ".join(f"{src}->{dst} {mb:g} MB/s" for (src, dst), mb in mine)
-        named[host] = f"slow network: {shown}; median link {med:g} MB/s"
+        named[host] = f"slow network: {shown}; median link {usual[mine[0][0]]:g} MB/s"
         left = {link: mb for link, mb in left.items() if host not in link}
     notes = [
-        f"slow link {src}->{dst} {mb:g} MB/s, median link {med:g} MB/s (one path: neither host named)"
+        f"slow link {src}->{dst} {mb:g} MB/s, median link {usual[(src, dst)]:g} MB/s (one path: neither host "
+        "named)"
         for (src, dst), mb in sorted(left.items())
     ]
     return named, notes, med
+
+
+def _link_medians(
+    every: Mapping[tuple[str, str], float], group_of: Mapping[str, str]
+) -> dict[tuple[str, str], float]:
+    """Each link's yardstick: the median of the links of its kind (the pair of its ends' groups). Pure."""
+    kind = {link: tuple(sorted(group_of.get(h, "") for h in link)) for link in every}
+    by_kind: dict[tuple[str, ...], list[float]] = {}
+    for link, mb in every.items():
+        by_kind.setdefault(kind[link], []).append(mb)
+    return {link: statistics.median(by_kind[kind[link]]) for link in every}
 
 
 def _gpu_reasons(findings: Findings, ratio: float) -> tuple[dict[str, str], float | None]:
@@ -149,15 +165,18 @@ def _gpu_reasons(findings: Findings, ratio: float) -> tuple[dict[str, str], floa
         h: float(g["busbw_gbps"]) for h, g in findings.gpu.items() if g.get("busbw_gbps") is not None
     }
     med = median(list(busbw.values()))
+    group_of = {h: findings.groups.get(h, ("", None))[0] for h in busbw}
     for host, value in busbw.items():
         instance_type = findings.groups.get(host, ("", None))[1]
         expected = EXPECTED_BUSBW_GBPS.get(instance_type or "")
+        peers = [v for h, v in busbw.items() if group_of[h] == group_of[host]]  # its group's: like with like
+        usual = median(peers)
         if expected is not None and value < ratio * expected:
             reasons[host] = (
                 f"GPU all_reduce bus bandwidth {value:g} GB/s; {instance_type} reaches ~{expected:g}"
             )
-        elif med is not None and len(busbw) > 2 and value < ratio * med:
-            reasons[host] = f"GPU all_reduce bus bandwidth {value:g} GB/s; median {med:g} GB/s"
+        elif usual is not None and len(peers) > 2 and value < ratio * usual:
+            reasons[host] = f"GPU all_reduce bus bandwidth {value:g} GB/s; median of its group {usual:g} GB/s"
     for host, g in findings.gpu_cluster.items():
         if g.get("error"):
             reasons.setdefault(host, f"NCCL all_reduce across the hosts failed here: {g['error']}")
@@ -292,7 +311,8 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
     for more in (_group_reasons(facts, findings.groups, leader), _version_reasons(facts, leader)):
         for host, why in more.items():
             reasons[host] += why
-    link_named, link_notes, link_median = slow_links(findings.links, options.min_ratio)
+    group_of = {h: findings.groups.get(h, ("", None))[0] for h in hosts}
+    link_named, link_notes, link_median = slow_links(findings.links, options.min_ratio, group_of)
     rtt_named, rtt_median = _latency_reasons(findings.clock, options.min_ratio)
     gpu_named, gpu_median = _gpu_reasons(findings, options.min_ratio)
     for named_by in (link_named, rtt_named, gpu_named):

@@ -481,3 +481,39 @@ def test_a_failed_probe_job_names_only_the_host_the_evidence_points_at() -> None
     assert [(n.host, n.reason.split(";")[0]) for n in named_silent] == [
         ("algo-2", "did not answer: no word from its probe in 2.0s")
     ]
+
+
+def mesh(groups: dict[str, str], rate: dict[frozenset[str], float], slow: str | None = None) -> Findings:
+    """Every link between `groups`' hosts at the rate of its pair of groups; those of `slow` at 1/10."""
+    links = {
+        dst: {
+            src: rate[frozenset((groups[src], groups[dst]))] / (10 if slow in (src, dst) else 1)
+            for src in groups
+            if src != dst
+        }
+        for dst in groups
+    }
+    return Findings(
+        hosts=tuple(groups),
+        facts=read_findings({h: {"facts": facts(h)} for h in groups}).facts,
+        links=links,
+        groups={h: (g, None) for h, g in groups.items()},
+    )
+
+
+def test_links_are_compared_like_with_like_within_and_between_instance_groups() -> None:
+    """3 hosts of a large type and 1 of a smaller one, by design: nobody named (one global median named the
+    small one); a slow host within a group is still named."""
+    rates = {frozenset(("big",)): 1000.0, frozenset(("big", "small")): 100.0, frozenset(("small",)): 100.0}
+    designed = {"algo-1": "big", "algo-2": "big", "algo-3": "big", "algo-4": "small"}
+    assert named(mesh(designed, rates)) == []
+    six = {f"algo-{i}": "big" for i in range(1, 6)} | {"algo-6": "small"}
+    slow = [host for host, _ in named(mesh(six, rates, slow="algo-3"))]
+    assert slow == ["algo-3"]
+    gpu = {h: {"busbw_gbps": 50.0 if h == "algo-4" else 200.0} for h in HOSTS}
+    by_design = {h: ("small" if h == "algo-4" else "big", None) for h in HOSTS}
+    assert named(findings(gpu=gpu, groups=by_design)) == []  # its group has no other host to compare with
+    one_group = dict.fromkeys(HOSTS, ("big", None))
+    assert named(findings(gpu=gpu, groups=one_group)) == [
+        ("algo-4", "GPU all_reduce bus bandwidth 50 GB/s; median of its group 200 GB/s")
+    ]
