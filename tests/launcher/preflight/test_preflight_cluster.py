@@ -213,11 +213,17 @@ def frozen_probe(setup: Setup) -> Iterator[dict[str, str]]:
         yield {}
 
 
+def _is_train(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return any(arg.endswith(b"/train") for arg in argv[:2])
+    return False
+
+
 def _kill_train(_probe: int, pids: list[int]) -> None:
     for pid in pids:
-        with contextlib.suppress(OSError):
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if any(arg.endswith(b"/train") for arg in argv[:2]):
+        if _is_train(pid):
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
 
