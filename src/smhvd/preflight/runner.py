@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -31,11 +30,11 @@ from smhvd.mpi import nccl_net
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv
 from smhvd.mpi.nccl_net import NcclNet
 from smhvd.mpi.output import ABORT_SIGNS, first_sentence, parse_mpirun_verdict
-from smhvd.proc.loop import process_loop
-from smhvd.proc.processes import descendants, die_with_parent, drain_pipe
+from smhvd.proc.loop import follow_output
+from smhvd.proc.processes import descendants, die_with_parent
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.steps import end_tree
-from smhvd.proc.timers import Timer
+from smhvd.proc.timers import Timer, Timers
 from smhvd.wire import PREFLIGHT_BEAT, PREFLIGHT_MARK, PREFLIGHT_SPEC
 
 from .facts import HostFacts, read_facts
@@ -184,35 +183,16 @@ def run_probes(
         preexec_fn=die_with_parent,  # noqa: PLW1509  (nothing of the pre-flight outlives the launcher)
     )
     assert proc.stdout is not None
-    out = proc.stdout.fileno()
-    limit = min(silence, timeout)
     try:
-        with process_loop().scope() as loop:
-
-            def read() -> None:
-                chunk = os.read(out, 65536)
-                if chunk:
-                    collected.feed(chunk)
-                else:
-                    loop.forget(out)
-
-            def exited() -> None:
-                for chunk in drain_pipe(out):
-                    collected.feed(chunk)
-                collected.exit_code = proc.poll()
-                loop.stop()
-
-            def check_stop() -> None:
-                if signals is not None and signals.stop_requested():
-                    raise Stopped("stopped during the pre-flight")
-
-            loop.reader(out, read)
-            loop.exit_of(proc.pid, exited)
-            if signals is not None:
-                loop.reader(signals, check_stop)
-            loop.timers.every(Timer("silence check"), PREFLIGHT_BEAT / 2, lambda: collected.check(limit))
-            loop.timers.at(Timer("pre-flight bound"), started + timeout, loop.stop)
-            loop.run()
+        timers = _watching(collected, min(silence, timeout), signals)
+        if follow_output(
+            proc.pid,
+            [proc.stdout.fileno()],
+            lambda _fd, chunk: collected.feed(chunk),
+            timers,
+            started + timeout,
+        ):
+            collected.exit_code = proc.poll()
     except _Silent:
         pass
     finally:
@@ -220,6 +200,20 @@ def run_probes(
         proc.stdout.close()
     collected.feed(b"\n")
     return collected, time.monotonic() - started
+
+
+def _watching(collected: Collected, limit: float, signals: SignalWatch | None) -> Timers:
+    """What the wait for the probes does meanwhile, every half beat: end it when a rank fell silent or Open
+    MPI said it aborts (_Silent), or on a stop (Stopped)."""
+
+    def check() -> None:
+        if signals is not None and signals.stop_requested():
+            raise Stopped("stopped during the pre-flight")
+        collected.check(limit)
+
+    timers = Timers()
+    timers.every(Timer("pre-flight checks"), PREFLIGHT_BEAT / 2, check)
+    return timers
 
 
 def findings_of(

@@ -5,12 +5,17 @@ test_preflight_cluster.py)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from smhvd.config.launcher_options import PreflightOptions
+from smhvd.errors import Stopped
 from smhvd.mpi import nccl_net
 from smhvd.preflight import facts as facts_module
 from smhvd.preflight import network
@@ -22,8 +27,11 @@ from smhvd.preflight.runner import (
     mpirun_message,
     parse_line,
     read_findings,
+    run_probes,
 )
 from smhvd.preflight.verdict import DISK_FIX, SHM_FIX, Findings, Named, judge, shm_reason, slow_links, table
+from smhvd.proc.processes import descendants
+from smhvd.proc.signals import SignalWatch
 from smhvd.wire import PREFLIGHT_MARK
 
 HOSTS = ("algo-1", "algo-2", "algo-3", "algo-4")
@@ -517,3 +525,14 @@ def test_links_are_compared_like_with_like_within_and_between_instance_groups() 
     assert named(findings(gpu=gpu, groups=one_group)) == [
         ("algo-4", "GPU all_reduce bus bandwidth 50 GB/s; median of its group 200 GB/s")
     ]
+
+
+@pytest.mark.integration
+def test_a_stop_ends_the_probes_at_once_and_nothing_is_left() -> None:
+    with SignalWatch() as watch:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        started = time.monotonic()
+        with pytest.raises(Stopped):
+            run_probes(["sleep", "30"], os.environ, HOSTS[:1], 20.0, signals=watch)
+    assert time.monotonic() - started < 5
+    assert descendants() == []
