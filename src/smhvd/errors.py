@@ -74,12 +74,6 @@ class Stopped(BaseException):
     exit_code = EX_STOPPED
 
 
-class PreflightFailed(LauncherError):
-    """The pre-flight named a host under sagemaker_preflight=fail: the job stops before the script starts."""
-
-    exit_code = EX_TEMPFAIL
-
-
 class HostEnvError(LauncherError):
     """`train` cannot hold this host's environment for its ranks (its private directory is taken)."""
 

@@ -34,6 +34,10 @@ from smhvd.sourcecode import (
 from smhvd.wire import OUTPUT_CHANNEL, OUTPUT_FRAMED, TAG_OUTPUT
 
 log = logging.getLogger("smhvd")
+PREFLIGHT_NOT_RUN = (
+    "pre-flight: not run (sagemaker_preflight=%s, but sagemaker_mpi_enabled is false: the script runs alone, "
+    "with no MPI hosts to check; `train preflight` checks this host)"
+)
 THREAD_VARS = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
 
@@ -123,6 +127,8 @@ def launch(
     try:  # `finally` ends whatever is left, whatever ended the launch: nothing of the job outlives `train`
         with private_tmpdir() as run_dir:  # what a train killed outright leaves, the next one removes
             if not job.options.mpi.enabled and not preflight_only:
+                if job.options.preflight.policy != "off":
+                    log.info(PREFLIGHT_NOT_RUN, job.options.preflight.policy)
                 return _alone(job, _prepare(job, preflight_only))
             if job.is_leader:
                 with Leader(job, run_dir) as leader:

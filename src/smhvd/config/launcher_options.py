@@ -241,12 +241,13 @@ class PreflightOptions:
         "a link's bandwidth (or a host's GPU bus bandwidth) below this fraction of the median, or of the "
         "instance type's figure, names it",
     )
-    min_shm_mb: float = option(
+    min_shm_mb: float | None = option(
         "launcher_preflight_min_shm_mb",
-        512.0,
+        None,
         number(0, MAX_FUSION_THRESHOLD_MB),
-        "a host with less free `/dev/shm` is named (NCCL and Open MPI's shared memory live there; a "
-        "container's default is 64 MB)",
+        "a host with less free `/dev/shm` is named; by default what the job needs there: 4 MB a rank (Open "
+        "MPI) and 64 MB a GPU in use (NCCL), per host (docs/preflight.md); a container's default is 64 MB",
+        shown_default="derived",
     )
     min_free_disk_mb: float = option(
         "launcher_preflight_min_free_disk_mb",

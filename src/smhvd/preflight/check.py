@@ -63,11 +63,20 @@ def run_preflight(
     several = plan.multi_host
     hosts = plan.hosts if several else (job.resources.current_host,)
     argv = probe_argv(plan, hosts, run_dir) if several else probe_program()
-    log.info("pre-flight of %d host(s) (up to %gs)", len(hosts), options.timeout)
+    log.debug("pre-flight of %d host(s) (up to %gs)", len(hosts), options.timeout)
     collected, seconds = run_probes(
         argv, {**env, PREFLIGHT_SPEC: spec(job, hosts)}, hosts, options.timeout, signals=signals
     )
-    verdict = judge(findings_of(collected, seconds, options.timeout, SILENCE, groups(job)), options)
-    log.info("pre-flight:\n%s", table(verdict))
-    (log.info if verdict.ok else log.warning)("%s", verdict.line())
+    found = findings_of(collected, seconds, options.timeout, SILENCE, groups(job), plan.slots)
+    verdict = judge(found, options)
+    log_verdict(verdict)
     return verdict
+
+
+def log_verdict(verdict: Verdict) -> None:
+    """The verdict line; before it the table, a launcher line each, when there is something to compare or
+    someone is named (a healthy one-host job: one line)."""
+    if len(verdict.rows) > 1 or not verdict.ok:
+        for line in table(verdict).splitlines():
+            log.info("pre-flight: %s", line)
+    (log.info if verdict.ok else log.warning)("%s", verdict.line())

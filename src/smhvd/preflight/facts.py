@@ -15,13 +15,16 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from smhvd.config.hardware import num_cpus, num_gpus
+from smhvd.proc.steps import last_line
 
-NVIDIA_SMI_TIMEOUT = 10.0
+NVIDIA_SMI_TIMEOUT = 5.0
+# The facts' format: a probe of another launcher version writes another (read_facts names the host).
+FACTS_VERSION = 2
 # nvidia-smi --query-gpu fields, in this order (`nvidia-smi --help-query-gpu`).
 GPU_QUERY = (
     "index",
@@ -63,10 +66,12 @@ class HostFacts:
     disk_free_mb: Mapping[str, float | None]  # by place: checkpoints, model, output, tmp
     versions: Mapping[
         str, str
-    ]  # python, driver, each of DISTRIBUTIONS installed, open_mpi and nccl from the probe
+    ]  # python, driver, each of DISTRIBUTIONS installed, mpi and nccl from the probe
     efa_devices: tuple[str, ...]
     time: float = 0.0  # this host's clock (time.time()) when the facts were read
     notes: tuple[str, ...] = field(default_factory=tuple)  # what could not be read
+    tools: Mapping[str, str] = field(default_factory=dict)  # a tool that failed (nvidia-smi) -> what it did
+    stamp: int = FACTS_VERSION  # which launcher's probe wrote them: read_facts refuses another
 
 
 def memory_gb(meminfo: str) -> float | None:
@@ -120,20 +125,24 @@ def parse_gpu_query(csv: str) -> tuple[GpuHealth, ...]:
     return tuple(out)
 
 
-def gpu_health() -> tuple[tuple[GpuHealth, ...], str | None]:
-    """Each GPU's health from nvidia-smi (bounded), and a note when it could not be asked."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return (), "nvidia-smi not found"
+def gpu_health(smi: str) -> tuple[tuple[GpuHealth, ...], str | None]:
+    """Each GPU's health from the nvidia-smi at `smi` (bounded), or what the tool did instead (its output is
+    untrusted: bytes that are not UTF-8, no row, a hang or a failure are a finding, never an exception)."""
     argv = [smi, f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader,nounits"]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return (), f"nvidia-smi: {exc}"
+        proc = subprocess.run(argv, capture_output=True, timeout=NVIDIA_SMI_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        return (), f"did not finish within {NVIDIA_SMI_TIMEOUT:g}s"
+    except OSError as exc:
+        return (), f"could not run: {exc}"
     if proc.returncode != 0:
-        last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
-        return (), f"nvidia-smi exited {proc.returncode}: {last[:120]}"
-    return parse_gpu_query(proc.stdout), None
+        return (), f"exited {proc.returncode}: {last_line(proc.stderr + proc.stdout)[:120]}"
+    try:
+        text = proc.stdout.decode()
+    except UnicodeDecodeError:
+        return (), "printed bytes that are not UTF-8"
+    health = parse_gpu_query(text)
+    return (health, None) if health else ((), f"printed no GPU's row: {text.strip()[:80]!r}")
 
 
 def distribution_versions(
@@ -194,7 +203,8 @@ def _read(path: Path) -> str:
 def gather(host: str, places: Mapping[str, Path], now: float) -> HostFacts:
     """This host's facts; `places`: where the job writes (checkpoints, model, output, tmp)."""
     gpus = num_gpus()
-    health, note = gpu_health() if gpus else ((), None)
+    smi = shutil.which("nvidia-smi") if gpus else None
+    health, problem = gpu_health(smi) if smi else ((), None)
     versions = {"python": platform.python_version(), **distribution_versions()}
     driver = driver_version(_read(Path("/proc/driver/nvidia/version")))
     if driver:
@@ -210,5 +220,91 @@ def gather(host: str, places: Mapping[str, Path], now: float) -> HostFacts:
         versions=versions,
         efa_devices=efa_devices(),
         time=now,
-        notes=(note,) if note else (),
+        notes=("nvidia-smi not found",) if gpus and not smi else (),
+        tools={"nvidia-smi": problem} if problem else {},
+    )
+
+
+# The reading of a probe's facts (JSON: untrusted): each field's test, by name.
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return _is_int(value) or isinstance(value, float)
+
+
+def _maybe(test: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: value is None or test(value)
+
+
+def _list_of(test: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: isinstance(value, list) and all(test(v) for v in value)
+
+
+def _map_of(test: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: isinstance(value, dict) and all(
+        isinstance(k, str) and test(v) for k, v in value.items()
+    )
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+_GPU_FIELDS: dict[str, Callable[[object], bool]] = {
+    "index": _is_int,
+    "name": _is_str,
+    "ecc_uncorrected": _maybe(_is_int),
+    "retired_pending": _maybe(lambda v: isinstance(v, bool)),
+    "remapped_pending": _maybe(lambda v: isinstance(v, bool)),
+    "persistence": _maybe(lambda v: isinstance(v, bool)),
+}
+_FIELDS: dict[str, Callable[[object], bool]] = {
+    "host": _is_str,
+    "cpus": _is_int,
+    "memory_gb": _maybe(_is_number),
+    "gpus": _is_int,
+    "gpu_health": _list_of(lambda v: isinstance(v, dict) and differences(v, _GPU_FIELDS) == []),
+    "shm_free_mb": _maybe(_is_number),
+    "disk_free_mb": _map_of(_maybe(_is_number)),
+    "versions": _map_of(_is_str),
+    "efa_devices": _list_of(_is_str),
+    "time": _is_number,
+    "notes": _list_of(_is_str),
+    "tools": _map_of(_is_str),
+    "stamp": _is_int,
+}
+
+
+def differences(value: Mapping[str, object], fields: Mapping[str, Callable[[object], bool]]) -> list[str]:
+    """How `value` differs from what `fields` expect: keys missing, unknown here, mistyped. Pure."""
+    out = []
+    missing = [k for k in fields if k not in value]
+    unknown = sorted(k for k in value if k not in fields)
+    mistyped = [k for k, test in fields.items() if k in value and not test(value[k])]
+    if missing:
+        out.append(f"lack {', '.join(missing)}")
+    if unknown:
+        out.append(f"have {', '.join(unknown)}, unknown here")
+    if mistyped:
+        out.append(f"have {', '.join(f'{k}={value[k]!r:.40}' for k in mistyped)}, of another type")
+    return out
+
+
+def read_facts(value: object) -> HostFacts | str:
+    """A probe's facts (dataclasses.asdict of a HostFacts, through JSON) back, or what differs from this
+    launcher's (another launcher version's probe wrote them). Pure; never raises."""
+    if not isinstance(value, dict):
+        return f"its facts are a {type(value).__name__}, not an object"
+    if value.get("stamp") != FACTS_VERSION and _is_int(value.get("stamp")):
+        return f"its facts are version {value['stamp']}, this launcher's {FACTS_VERSION}"
+    wrong = differences(value, _FIELDS)
+    if wrong:
+        return "its facts " + "; ".join(wrong)
+    return HostFacts(
+        **{k: v for k, v in value.items() if k not in ("gpu_health", "efa_devices", "notes")},
+        gpu_health=tuple(GpuHealth(**g) for g in value["gpu_health"]),
+        efa_devices=tuple(value["efa_devices"]),
+        notes=tuple(value["notes"]),
     )

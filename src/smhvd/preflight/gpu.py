@@ -229,34 +229,18 @@ def allreduce(
     streams = [ctypes.c_void_p() for _ in range(devices)]
     comms = [ctypes.c_void_p() for _ in range(devices)]
     try:
-        for device in range(devices):
-            _cuda(rt, "cudaSetDevice", device)
-            _cuda(rt, "cudaMalloc", ctypes.byref(buffers[device]), size_bytes)
-            _cuda(rt, "cudaMemset", buffers[device], 0, size_bytes)
-            _cuda(rt, "cudaStreamCreate", ctypes.byref(streams[device]))
+        _allocate(rt, buffers, streams, size_bytes)
         with _group(rt):
             for device in range(devices):
                 _cuda(rt, "cudaSetDevice", device)
                 _nccl(
                     rt, "ncclCommInitRank", ctypes.byref(comms[device]), nranks, nccl_id, first_rank + device
                 )
-
-        def one_round() -> None:
-            with _group(rt):
-                for device in range(devices):
-                    buffer = buffers[device]
-                    _nccl(
-                        rt, "ncclAllReduce", buffer, buffer, size_bytes // 4, NCCL_FLOAT32, NCCL_SUM,
-                        comms[device], streams[device],
-                    )  # fmt: skip
-            for stream in streams:
-                _cuda(rt, "cudaStreamSynchronize", stream)
-
         for _ in range(warmup):
-            one_round()
+            _one_round(rt, buffers, streams, comms, size_bytes)
         start = time.perf_counter()
         for _ in range(iters):
-            one_round()
+            _one_round(rt, buffers, streams, comms, size_bytes)
         seconds = (time.perf_counter() - start) / iters
     finally:
         failures = _release(rt, comms, streams, buffers)
@@ -265,6 +249,32 @@ def allreduce(
     algbw = size_bytes / seconds / 1e9
     factor = 2 * (nranks - 1) / nranks if nranks > 1 else 1.0
     return Bandwidth(devices, nranks, size_bytes, seconds, algbw, algbw * factor)
+
+
+def _allocate(
+    rt: GpuRuntime, buffers: list[ctypes.c_void_p], streams: list[ctypes.c_void_p], size_bytes: int
+) -> None:
+    """A zeroed buffer of `size_bytes` and a stream on each device (the handles filled in as made)."""
+    for device, (buffer, stream) in enumerate(zip(buffers, streams, strict=True)):
+        _cuda(rt, "cudaSetDevice", device)
+        _cuda(rt, "cudaMalloc", ctypes.byref(buffer), size_bytes)
+        _cuda(rt, "cudaMemset", buffer, 0, size_bytes)
+        _cuda(rt, "cudaStreamCreate", ctypes.byref(stream))
+
+
+def _one_round(
+    rt: GpuRuntime,
+    buffers: list[ctypes.c_void_p],
+    streams: list[ctypes.c_void_p],
+    comms: list[ctypes.c_void_p],
+    size_bytes: int,
+) -> None:
+    """One in-place all_reduce on every device, as one NCCL group, to the end of every stream."""
+    with _group(rt):
+        for buffer, stream, comm in zip(buffers, streams, comms, strict=True):
+            _nccl(rt, "ncclAllReduce", buffer, buffer, size_bytes // 4, NCCL_FLOAT32, NCCL_SUM, comm, stream)
+    for stream in streams:
+        _cuda(rt, "cudaStreamSynchronize", stream)
 
 
 def _release(

@@ -8,7 +8,7 @@ to ALL_PAIRS_UP_TO hosts, offset 1 (the ring, both ways) above. First each round
 rough rate for each); then, every rank knowing every link's rough rate (allgather), each round is done REPEATS
 times, each link carrying what it carries in about SECONDS_PER_LINK, between 64 KiB and 32 MiB: a fast link is
 measured on enough bytes, and a slow one (20 Mbit/s) costs a fraction of a second, never minutes. A link's
-figure is its best; a link below the threshold is measured once more alone (`confirm`).
+figure is its best; a link below the threshold is measured again alone, up to CONFIRM_TRIES times (`confirm`).
 
 Latency and clock: the leader (rank 0) exchanges a few stamps with each rank in turn; the round trip's
 minimum is the latency, and the clock offset is the rank's stamp minus the midpoint of that round trip.

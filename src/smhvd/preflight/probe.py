@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from smhvd.mpi import efa, nccl_net
 from smhvd.preflight import gpu, network
 from smhvd.preflight.facts import gather
 from smhvd.proc.processes import die_with_parent, state
@@ -103,8 +104,7 @@ def gpu_findings(out: Out, mpi: tuple[Any, Any] | None, rank: int, n: int) -> No
         result: dict[str, object] = {"busbw_gbps": round(bw.busbw_gbps, 1), "ranks": bw.ranks}
     except gpu.GpuError as exc:
         result = {"error": str(exc)}
-    if rank == 0:
-        out.say(gpu_cluster=result)
+    out.say(gpu_cluster=result)  # every rank its own: a failure is NCCL's word on the host that saw it
 
 
 def run(spec: Mapping[str, Any], out: Out) -> None:
@@ -113,7 +113,8 @@ def run(spec: Mapping[str, Any], out: Out) -> None:
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) if several else 0
     host = hosts[rank]
     places = {name: Path(path) for name, path in spec["places"].items()}
-    facts = asdict(gather(host, places, time.time()))
+    found = gather(host, places, time.time())
+    facts = asdict(found)
     mpi = open_mpi(several)
     if isinstance(mpi, str):
         facts["notes"] = [*facts["notes"], mpi]
@@ -132,6 +133,8 @@ def run(spec: Mapping[str, Any], out: Out) -> None:
             out.say(clock={hosts[r]: {"rtt_ms": rtt, "offset_s": off} for r, (rtt, off) in clock.items()})
         network.idle_wait(comm.Ibarrier(), network.PATIENT_POLL)  # none spins in MPI_Finalize meanwhile
     if spec.get("gpus"):
+        net = nccl_net.detect(os.environ, provider=efa.probe().present, efa_devices=len(found.efa_devices))
+        out.say(nccl_net=asdict(net))
         gpu_findings(out, None if isinstance(mpi, str) else mpi, rank, len(hosts))
     out.say(done=True)
 

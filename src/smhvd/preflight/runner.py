@@ -15,31 +15,37 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from smhvd.errors import Stopped
+from smhvd.mpi import nccl_net
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv
-from smhvd.mpi.output import ABORT_SIGNS, first_sentence
-from smhvd.proc.loop import process_loop
-from smhvd.proc.processes import descendants, die_with_parent, drain_pipe
+from smhvd.mpi.nccl_net import NcclNet
+from smhvd.mpi.output import ABORT_SIGNS, first_sentence, parse_mpirun_verdict
+from smhvd.proc.loop import follow_output
+from smhvd.proc.processes import descendants, die_with_parent
 from smhvd.proc.signals import SignalWatch
-from smhvd.proc.steps import end_tree, last_line
-from smhvd.proc.timers import Timer
+from smhvd.proc.steps import end_tree
+from smhvd.proc.timers import Timer, Timers
 from smhvd.wire import PREFLIGHT_BEAT, PREFLIGHT_MARK, PREFLIGHT_SPEC
 
+from .facts import HostFacts, read_facts
 from .verdict import Findings
 
 log = logging.getLogger("smhvd")
 PROBE_MODULE = "smhvd.preflight.probe"
 SILENCE = 10.0  # a probe silent this long (20 beats) while another beats has stopped answering
+MPIRUN_LINES = 200  # mpirun's own lines kept (its messages are 10-30 lines)
+MESSAGE_LIMIT = 1500  # characters of mpirun's message in a reason and the notes
+_RULE = re.compile(r"^-{20,}$")  # the border of an Open MPI message
 _TAG = re.compile(rb"^\[\d+,(\d+)\]<std(?:out|err)>:")
 
 
@@ -96,7 +102,8 @@ class Collected:
     done: set[int] = field(default_factory=set)
     found: dict[int, dict[str, Any]] = field(default_factory=dict)
     phases: dict[int, dict[str, float]] = field(default_factory=dict)  # rank -> finding -> its probe's time
-    other: list[bytes] = field(default_factory=list)  # mpirun's own lines (its errors)
+    other: deque[bytes] = field(default_factory=lambda: deque(maxlen=MPIRUN_LINES))  # mpirun's own lines
+    exit_code: int | None = None  # mpirun's, when it exited by itself
     abort_notice: str | None = None  # Open MPI said the job aborts: nothing more will come
     _rest: bytes = b""
 
@@ -108,7 +115,7 @@ class Collected:
             parsed = parse_line(line)
             if parsed is None:
                 if line.strip():
-                    self.other = [*self.other[-19:], line]
+                    self.other.append(line)
                     self._notice_abort()
                 continue
             rank, finding = parsed
@@ -176,34 +183,16 @@ def run_probes(
         preexec_fn=die_with_parent,  # noqa: PLW1509  (nothing of the pre-flight outlives the launcher)
     )
     assert proc.stdout is not None
-    out = proc.stdout.fileno()
-    limit = min(silence, timeout)
     try:
-        with process_loop().scope() as loop:
-
-            def read() -> None:
-                chunk = os.read(out, 65536)
-                if chunk:
-                    collected.feed(chunk)
-                else:
-                    loop.forget(out)
-
-            def exited() -> None:
-                for chunk in drain_pipe(out):
-                    collected.feed(chunk)
-                loop.stop()
-
-            def check_stop() -> None:
-                if signals is not None and signals.stop_requested():
-                    raise Stopped("stopped during the pre-flight")
-
-            loop.reader(out, read)
-            loop.exit_of(proc.pid, exited)
-            if signals is not None:
-                loop.reader(signals, check_stop)
-            loop.timers.every(Timer("silence check"), PREFLIGHT_BEAT / 2, lambda: collected.check(limit))
-            loop.timers.at(Timer("pre-flight bound"), started + timeout, loop.stop)
-            loop.run()
+        timers = _watching(collected, min(silence, timeout), signals)
+        if follow_output(
+            proc.pid,
+            [proc.stdout.fileno()],
+            lambda _fd, chunk: collected.feed(chunk),
+            timers,
+            started + timeout,
+        ):
+            collected.exit_code = proc.poll()
     except _Silent:
         pass
     finally:
@@ -213,45 +202,183 @@ def run_probes(
     return collected, time.monotonic() - started
 
 
+def _watching(collected: Collected, limit: float, signals: SignalWatch | None) -> Timers:
+    """What the wait for the probes does meanwhile, every half beat: end it when a rank fell silent or Open
+    MPI said it aborts (_Silent), or on a stop (Stopped)."""
+
+    def check() -> None:
+        if signals is not None and signals.stop_requested():
+            raise Stopped("stopped during the pre-flight")
+        collected.check(limit)
+
+    timers = Timers()
+    timers.every(Timer("pre-flight checks"), PREFLIGHT_BEAT / 2, check)
+    return timers
+
+
 def findings_of(
     collected: Collected,
     seconds: float,
     timeout: float,
     silence: float,
     groups: Mapping[str, tuple[str, str | None]],
+    ranks_per_host: int = 1,
 ) -> Findings:
-    """What the probes said, by host, with a reason for each host that did not finish."""
+    """What the probes said, by host, read as this launcher's findings (a host whose findings are not is
+    named as another version), with a reason for each host that did not finish. Pure; never raises."""
     hosts = collected.hosts
-    silent = set(collected.silent(min(silence, timeout)))
-    missing: dict[str, str] = {}
-    unfinished: dict[str, str] = {}
-    mpirun_said = last_line(b"\n".join(collected.other), "")
-    for rank, host in enumerate(hosts):
-        if rank in collected.done:
-            continue
-        if collected.abort_notice is not None:
-            missing[host] = f"the pre-flight's MPI job aborted: {collected.abort_notice}"
-        elif rank not in collected.heard:
-            why = f"did not answer: no word from its probe in {seconds:.1f}s"
-            missing[host] = f"{why} (mpirun: {mpirun_said[:200]})" if mpirun_said else why
-        elif rank in silent:
-            missing[host] = f"stopped answering during the pre-flight: no word for {min(silence, timeout):g}s"
-        elif not silent and "error" not in collected.found.get(rank, {}):
-            unfinished[host] = f"the pre-flight did not finish within {timeout:g}s"
+    missing, unfinished = _unfinished(collected, seconds, timeout, silence)
+    said = mpirun_message(collected.other)
     by_host = {hosts[r]: f for r, f in collected.found.items()}
-    links = {h: f["links"] for h, f in by_host.items() if isinstance(f.get("links"), dict)}
-    clock = by_host.get(hosts[0], {}).get("clock") or {}
-    return Findings(
+    typed = read_findings(by_host)
+    clock = by_host.get(hosts[0], {}).get("clock")
+    return dataclasses.replace(
+        typed,
         hosts=tuple(hosts),
-        facts={h: f["facts"] for h, f in by_host.items() if isinstance(f.get("facts"), dict)},
-        links=links,
-        clock=clock if isinstance(clock, dict) else {},
-        gpu={h: f["gpu"] for h, f in by_host.items() if isinstance(f.get("gpu"), dict)},
-        gpu_cluster=by_host.get(hosts[0], {}).get("gpu_cluster"),
+        clock=clock if isinstance(clock, dict) and _is_clock(clock) else {},
         silent=missing,
         unfinished=unfinished,
         errors={h: str(f["error"]) for h, f in by_host.items() if f.get("error")},
         groups=groups,
         seconds=seconds,
         phases={hosts[r]: p for r, p in collected.phases.items()},
+        ranks_per_host=ranks_per_host,
+        mpirun_said=said if said and (missing or collected.exit_code not in (None, 0)) else "",
+    )
+
+
+def _unfinished(
+    collected: Collected, seconds: float, timeout: float, silence: float
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Hosts missing (silent, or where the probes' MPI job failed) and hosts that ran to the bound; why."""
+    hosts = collected.hosts
+    not_done = [r for r in range(len(hosts)) if r not in collected.done]
+    failed = collected.abort_notice is not None or collected.exit_code not in (None, 0)
+    if failed and not_done:
+        return _blame(collected, not_done, seconds), {}
+    silent = set(collected.silent(min(silence, timeout)))
+    missing: dict[str, str] = {}
+    unfinished: dict[str, str] = {}
+    for rank in not_done:
+        if rank not in collected.heard:
+            missing[hosts[rank]] = f"did not answer: no word from its probe in {seconds:.1f}s"
+        elif rank in silent:
+            missing[hosts[rank]] = (
+                f"stopped answering during the pre-flight: no word for {min(silence, timeout):g}s"
+            )
+        elif not silent and "error" not in collected.found.get(rank, {}):
+            unfinished[hosts[rank]] = f"the pre-flight did not finish within {timeout:g}s"
+    return missing, unfinished
+
+
+def _blame(collected: Collected, not_done: Sequence[int], seconds: float) -> dict[str, str]:
+    """When the probes' MPI job failed, the hosts the evidence points at, with why: the host mpirun's own
+    message names (a lost daemon or rank, where it ran), else none beyond the probes that reported an error,
+    else the hosts never heard from while others were; only with no evidence at all, every host not done."""
+    hosts = collected.hosts
+    message = mpirun_message(collected.other) or f"mpirun exited with code {collected.exit_code}"
+    blamed = blamed_host(collected.other, hosts)
+    if blamed is not None:
+        return {blamed: f"the pre-flight's MPI job failed there: {message}"}
+    if any("error" in collected.found.get(r, {}) for r in not_done):
+        return {}  # each probe's own error names its host
+    unheard = [r for r in not_done if r not in collected.heard]
+    if unheard and len(unheard) < len(hosts):
+        why = f"did not answer: no word from its probe in {seconds:.1f}s; mpirun: {message}"
+        return {hosts[r]: why for r in unheard}
+    return {hosts[r]: f"the pre-flight's MPI job failed: {message}" for r in not_done}
+
+
+def mpirun_message(lines: Iterable[bytes]) -> str:
+    """mpirun's own text, whole, on one line (its messages' borders of dashes left out). Pure."""
+    text = [line.decode(errors="replace").strip() for line in lines]
+    whole = " ".join(" ".join(line for line in text if line and not _RULE.match(line)).split())
+    return whole if len(whole) <= MESSAGE_LIMIT else whole[: MESSAGE_LIMIT - 3] + "..."
+
+
+def blamed_host(lines: Iterable[bytes], hosts: Sequence[str]) -> str | None:
+    """The host mpirun's own text names as where the job failed: the rank it says failed first (its host),
+    else the rank whose probe printed the first error line (mpirun tags it), else the first host named on a
+    line other than the one of mpirun's own daemon (`HNP daemon`). Pure."""
+    text = [line.decode(errors="replace") for line in lines]
+    failed = parse_mpirun_verdict("\n".join(text))
+    if failed is not None and failed.host in hosts:
+        return failed.host
+    if failed is not None and failed.rank is not None and 0 <= failed.rank < len(hosts):
+        return hosts[failed.rank]
+    for line in text:  # a probe's own error output (Open MPI's, from MPI_Init), tagged with its rank
+        tag = _TAG.match(line.encode())
+        if tag and int(tag.group(1)) < len(hosts):
+            return hosts[int(tag.group(1))]
+    for line in text:
+        if "HNP" in line:
+            continue
+        found = [
+            (m.start(), h) for h in hosts if (m := re.search(rf"(?<![\w-]){re.escape(h)}(?![\w-])", line))
+        ]
+        if found:
+            return min(found)[1]
+    return None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_links(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and _number(v) for k, v in value.items())
+
+
+def _is_clock(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(c, dict) and all(_number(c.get(k)) for k in ("rtt_ms", "offset_s")) for c in value.values()
+    )
+
+
+def _gpu_or_none(value: object) -> dict[str, Any] | None:
+    """A GPU finding ({devices, nccl, algbw_gbps, busbw_gbps, ranks, error}, each optional), or None."""
+    if not isinstance(value, dict):
+        return None
+    figures_ok = all(
+        _number(value[k]) for k in ("devices", "algbw_gbps", "busbw_gbps", "ranks") if k in value
+    )
+    texts_ok = all(isinstance(value[k], str) for k in ("nccl", "error") if k in value)
+    return value if figures_ok and texts_ok else None
+
+
+def read_findings(by_host: Mapping[str, Mapping[str, Any]]) -> Findings:
+    """Each host's facts, links, GPU and NCCL-network findings, typed; a host with one that is not this
+    launcher's (missing, extra or mistyped) is in `other_version` with what differs. Pure."""
+    facts: dict[str, HostFacts] = {}
+    other: dict[str, str] = {}
+    links: dict[str, dict[str, float]] = {}
+    gpus: dict[str, dict[str, Any]] = {}
+    cluster: dict[str, dict[str, Any]] = {}
+    nets: dict[str, NcclNet] = {}
+    for host, found in by_host.items():
+        read = read_facts(found["facts"]) if "facts" in found else None
+        if isinstance(read, str):
+            other[host] = read
+        elif read is not None:
+            facts[host] = read
+        if "links" in found:
+            if _is_links(found["links"]):
+                links[host] = found["links"]
+            else:
+                other.setdefault(host, f"its link figures are not numbers by host: {found['links']!r:.60}")
+        for key, into in (("gpu", gpus), ("gpu_cluster", cluster)):
+            gpu = _gpu_or_none(found.get(key))
+            if gpu is not None:
+                into[host] = gpu
+            elif key in found:
+                other.setdefault(host, f"its GPU finding is not this launcher's: {found[key]!r:.60}")
+        net = nccl_net.from_fact(found.get("nccl_net"))
+        if net is not None:
+            nets[host] = net
+        elif "nccl_net" in found:
+            other.setdefault(
+                host, f"its NCCL network finding is not this launcher's: {found['nccl_net']!r:.60}"
+            )
+    return Findings(
+        hosts=(), facts=facts, other_version=other, links=links, gpu=gpus, gpu_cluster=cluster, nccl_net=nets
     )

@@ -9,6 +9,7 @@ leader's value breaking a tie). Each named host gets one reason: the first rule 
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,9 +17,24 @@ from typing import Any
 
 from smhvd.config.instance_types import EXPECTED_BUSBW_GBPS, gpu_count
 from smhvd.config.launcher_options import PreflightOptions
+from smhvd.mpi import nccl_net
+from smhvd.mpi.nccl_net import NcclNet
+from smhvd.preflight.facts import HostFacts
 from smhvd.preflight.network import late_trip, median
 
-Facts = Mapping[str, Any]  # one host's facts as its probe wrote them (facts.HostFacts as JSON)
+# /dev/shm a job needs on a host (docs/preflight.md): Open MPI's shared-memory transport maps a segment of
+# btl_vader_segment_size (4 MiB) for each rank of the host; NCCL's buffers between the GPUs of a host that are
+# not reached peer to peer, and its proxies', take tens of MB a GPU (the container default, 64 MB, fails 8).
+OPEN_MPI_SHM_MB = 4.0
+NCCL_SHM_MB = 64.0
+SHM_FIX = (
+    "start the container with more (`docker run --shm-size=1g`, as bin/local-train.sh does; SageMaker's own "
+    "instances have plenty) or lower launcher_preflight_min_shm_mb"
+)
+DISK_FIX = (
+    "free space there (SageMaker: the estimator's volume_size) or lower launcher_preflight_min_free_disk_mb"
+)
+OTHER_VERSION = "runs another version of the launcher"
 
 
 @dataclass(frozen=True)
@@ -32,11 +48,15 @@ class Findings:
     """What the probes said, by host (a host missing from `facts` never said anything)."""
 
     hosts: tuple[str, ...]  # the MPI hosts, the leader first
-    facts: Mapping[str, Facts] = field(default_factory=dict)
+    facts: Mapping[str, HostFacts] = field(default_factory=dict)
+    other_version: Mapping[str, str] = field(default_factory=dict)  # host -> what of its findings differs
+    nccl_net: Mapping[str, NcclNet] = field(default_factory=dict)  # host -> the network NCCL will use
+    ranks_per_host: int = 1
+    mpirun_said: str = ""  # mpirun's own message, whole, when its job failed or a host is missing
     links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # dst -> src -> MB/s
     clock: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # host -> rtt_ms, offset_s
     gpu: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> devices, busbw_gbps, error
-    gpu_cluster: Mapping[str, Any] | None = None
+    gpu_cluster: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> busbw_gbps, error
     silent: Mapping[str, str] = field(default_factory=dict)  # host -> why it is missing (stopped answering)
     # host -> its probe still ran at the bound with every host answering: named only when nothing else is
     unfinished: Mapping[str, str] = field(default_factory=dict)
@@ -93,17 +113,20 @@ def _odd_ones(values: Mapping[str, object], reference: str, say: str) -> dict[st
 
 
 def slow_links(
-    links: Mapping[str, Mapping[str, float]], ratio: float
+    links: Mapping[str, Mapping[str, float]], ratio: float, group_of: Mapping[str, str] | None = None
 ) -> tuple[dict[str, str], list[str], float | None]:
-    """Hosts to name for links below ratio x the median, notes for the slow links no host explains, and the
-    median. A host whose slow links reach two or more other hosts is named for them (the most partners first,
-    each link explained once): its NIC, its link or its CPU is what they share. A slow link left over, or
-    both directions between two hosts, is a path between them that names neither: a note."""
+    """Hosts to name for links below ratio x the median of their kind, notes for the slow links no host
+    explains, and the median of all. A link's kind is the pair of its ends' instance groups (`group_of`):
+    links are compared within a group and between a pair of groups, so that groups unlike by design name
+    nobody. A host whose slow links reach two or more other hosts is named for them (the most partners
+    first, each link explained once): its NIC, its link or its CPU is what they share. A slow link left over,
+    or both directions between two hosts, is a path between them that names neither: a note."""
     every = {(src, dst): mb for dst, by_src in links.items() for src, mb in by_src.items()}
     med = median(list(every.values()))
     if med is None:
         return {}, [], None
-    left = {link: mb for link, mb in every.items() if mb < ratio * med}
+    usual = _link_medians(every, group_of or {})
+    left = {link: mb for link, mb in every.items() if mb < ratio * usual[link]}
     named: dict[str, str] = {}
     while left:
         partners: dict[str, set[str]] = {}
@@ -115,13 +138,25 @@ def slow_links(
             break
         mine = sorted((link, mb) for link, mb in left.items() if host in link)
         shown = ", ".join(f"{src}->{dst} {mb:g} MB/s" for (src, dst), mb in mine)
-        named[host] = f"slow network: {shown}; median link {med:g} MB/s"
+        named[host] = f"slow network: {shown}; median link {usual[mine[0][0]]:g} MB/s"
         left = {link: mb for link, mb in left.items() if host not in link}
     notes = [
-        f"slow link {src}->{dst} {mb:g} MB/s, median link {med:g} MB/s (one path: neither host named)"
+        f"slow link {src}->{dst} {mb:g} MB/s, median link {usual[(src, dst)]:g} MB/s (one path: neither host "
+        "named)"
         for (src, dst), mb in sorted(left.items())
     ]
     return named, notes, med
+
+
+def _link_medians(
+    every: Mapping[tuple[str, str], float], group_of: Mapping[str, str]
+) -> dict[tuple[str, str], float]:
+    """Each link's yardstick: the median of the links of its kind (the pair of its ends' groups). Pure."""
+    kind = {link: tuple(sorted(group_of.get(h, "") for h in link)) for link in every}
+    by_kind: dict[tuple[str, ...], list[float]] = {}
+    for link, mb in every.items():
+        by_kind.setdefault(kind[link], []).append(mb)
+    return {link: statistics.median(by_kind[kind[link]]) for link in every}
 
 
 def _gpu_reasons(findings: Findings, ratio: float) -> tuple[dict[str, str], float | None]:
@@ -130,39 +165,80 @@ def _gpu_reasons(findings: Findings, ratio: float) -> tuple[dict[str, str], floa
         h: float(g["busbw_gbps"]) for h, g in findings.gpu.items() if g.get("busbw_gbps") is not None
     }
     med = median(list(busbw.values()))
+    group_of = {h: findings.groups.get(h, ("", None))[0] for h in busbw}
     for host, value in busbw.items():
         instance_type = findings.groups.get(host, ("", None))[1]
         expected = EXPECTED_BUSBW_GBPS.get(instance_type or "")
+        peers = [v for h, v in busbw.items() if group_of[h] == group_of[host]]  # its group's: like with like
+        usual = median(peers)
         if expected is not None and value < ratio * expected:
             reasons[host] = (
                 f"GPU all_reduce bus bandwidth {value:g} GB/s; {instance_type} reaches ~{expected:g}"
             )
-        elif med is not None and len(busbw) > 2 and value < ratio * med:
-            reasons[host] = f"GPU all_reduce bus bandwidth {value:g} GB/s; median {med:g} GB/s"
+        elif usual is not None and len(peers) > 2 and value < ratio * usual:
+            reasons[host] = f"GPU all_reduce bus bandwidth {value:g} GB/s; median of its group {usual:g} GB/s"
+    for host, g in findings.gpu_cluster.items():
+        if g.get("error"):
+            reasons.setdefault(host, f"NCCL all_reduce across the hosts failed here: {g['error']}")
     for host, g in findings.gpu.items():
-        if g.get("error") and findings.facts.get(host, {}).get("gpus"):
+        known = findings.facts.get(host)
+        if g.get("error") and known is not None and known.gpus:
             reasons.setdefault(host, f"GPUs visible but NCCL failed: {g['error']}")
     return reasons, med
 
 
-def _host_reasons(findings: Findings, options: PreflightOptions, facts: Facts, host: str) -> list[str]:
-    """What is wrong with one host by itself (floors, its instance type, its GPUs' health)."""
+def shm_need_mb(ranks_per_host: int, gpus: int) -> float:
+    """The /dev/shm (MB) a host's ranks need: Open MPI's segment per rank, NCCL's share per GPU in use (one
+    a rank) when several are (one GPU has no peer on its host). Pure."""
+    return ranks_per_host * OPEN_MPI_SHM_MB + _local_gpus(ranks_per_host, gpus) * NCCL_SHM_MB
+
+
+def _local_gpus(ranks_per_host: int, gpus: int) -> int:
+    """The GPUs NCCL connects within a host: one a rank, none when it is alone there. Pure."""
+    used = min(gpus, ranks_per_host)
+    return used if used > 1 else 0
+
+
+def shm_reason(shm: float, ranks_per_host: int, gpus: int, wanted: float | None) -> str | None:
+    """Why this much free /dev/shm is too little for the job (None: enough). `wanted`: the option, which
+    replaces the need derived from the job. Pure."""
+    if wanted is not None:
+        need, why = wanted, "launcher_preflight_min_shm_mb"
+    else:
+        need = shm_need_mb(ranks_per_host, gpus)
+        why = f"{ranks_per_host} rank(s) x {OPEN_MPI_SHM_MB:g} MB for Open MPI"
+        if _local_gpus(ranks_per_host, gpus):
+            why += f", {_local_gpus(ranks_per_host, gpus)} GPU(s) x {NCCL_SHM_MB:g} MB for NCCL"
+    if shm >= need:
+        return None
+    return f"/dev/shm has {shm:g} MB free; this job needs {need:g} MB ({why}): {SHM_FIX}"
+
+
+def _host_reasons(findings: Findings, options: PreflightOptions, facts: HostFacts, host: str) -> list[str]:
+    """What is wrong with one host by itself (floors, its instance type, its GPUs' health and tools)."""
     out: list[str] = []
     instance_type = findings.groups.get(host, ("", None))[1]
     expected = gpu_count(instance_type)
-    if expected is not None and facts["gpus"] != expected:
-        out.append(f"{facts['gpus']} GPU(s) visible; {instance_type} has {expected}")
-    for gpu in facts.get("gpu_health") or ():
-        if gpu.get("ecc_uncorrected"):
-            out.append(f"GPU {gpu['index']}: {gpu['ecc_uncorrected']} uncorrectable ECC error(s)")
-        if gpu.get("retired_pending") or gpu.get("remapped_pending"):
-            out.append(f"GPU {gpu['index']}: retired/remapped memory pending a reset")
-    shm = facts.get("shm_free_mb")
-    if shm is not None and shm < options.min_shm_mb:
-        out.append(f"/dev/shm has {shm:g} MB free; at least {options.min_shm_mb:g} MB wanted")
-    for place, free in (facts.get("disk_free_mb") or {}).items():
+    if expected is not None and facts.gpus != expected:
+        out.append(f"{facts.gpus} GPU(s) visible; {instance_type} has {expected}")
+    out += [f"{tool} {what}" for tool, what in sorted(facts.tools.items())]
+    for gpu in facts.gpu_health:
+        if gpu.ecc_uncorrected:
+            out.append(f"GPU {gpu.index}: {gpu.ecc_uncorrected} uncorrectable ECC error(s)")
+        if gpu.retired_pending or gpu.remapped_pending:
+            out.append(f"GPU {gpu.index}: retired/remapped memory pending a reset")
+    if facts.shm_free_mb is not None:
+        shm = shm_reason(facts.shm_free_mb, findings.ranks_per_host, facts.gpus, options.min_shm_mb)
+        out += [shm] if shm else []
+    for place, free in facts.disk_free_mb.items():
         if free is not None and free < options.min_free_disk_mb:
-            out.append(f"{place}: {free:g} MB free; at least {options.min_free_disk_mb:g} MB wanted")
+            out.append(
+                f"{place}: {free:g} MB free; at least {options.min_free_disk_mb:g} MB wanted: {DISK_FIX}"
+            )
+    net = findings.nccl_net.get(host)
+    falls_back = nccl_net.socket_reason(net, instance_type) if net is not None else None
+    if falls_back:
+        out.append(f"NCCL on {host} falls back to sockets: {falls_back}")
     offset = findings.clock.get(host, {}).get("offset_s")
     if offset is not None and abs(offset) > options.max_clock_offset:
         out.append(f"clock {offset:+g}s from the leader's; at most {options.max_clock_offset:g}s")
@@ -170,7 +246,7 @@ def _host_reasons(findings: Findings, options: PreflightOptions, facts: Facts, h
 
 
 def _group_reasons(
-    facts: Mapping[str, Facts], groups: Mapping[str, tuple[str, str | None]], leader: str
+    facts: Mapping[str, HostFacts], groups: Mapping[str, tuple[str, str | None]], leader: str
 ) -> dict[str, list[str]]:
     """Hosts unlike the majority of their instance group: GPUs, CPUs, EFA devices, memory (whole GB)."""
     out: dict[str, list[str]] = {}
@@ -180,10 +256,10 @@ def _group_reasons(
         ref = leader if leader in members else min(members)
         where = f"the other hosts of {group}" if group else "the other hosts"
         values: dict[str, dict[str, object]] = {
-            "GPU(s) visible": {h: f["gpus"] for h, f in members.items()},
-            "CPUs": {h: f["cpus"] for h, f in members.items()},
-            "EFA device(s)": {h: len(f["efa_devices"]) for h, f in members.items()},
-            "GB of memory": {h: round(f["memory_gb"] or 0) for h, f in members.items()},
+            "GPU(s) visible": {h: f.gpus for h, f in members.items()},
+            "CPUs": {h: f.cpus for h, f in members.items()},
+            "EFA device(s)": {h: len(f.efa_devices) for h, f in members.items()},
+            "GB of memory": {h: round(f.memory_gb or 0) for h, f in members.items()},
         }
         for what, by_host in values.items():
             for host, why in _odd_ones(by_host, ref, f"{{value}} {what}; {where} have {{usual}}").items():
@@ -191,12 +267,12 @@ def _group_reasons(
     return out
 
 
-def _version_reasons(facts: Mapping[str, Facts], leader: str) -> dict[str, list[str]]:
+def _version_reasons(facts: Mapping[str, HostFacts], leader: str) -> dict[str, list[str]]:
     """Hosts whose library versions differ from the majority of all hosts."""
     out: dict[str, list[str]] = {}
-    names = sorted({name for f in facts.values() for name in f.get("versions", {})})
+    names = sorted({name for f in facts.values() for name in f.versions})
     for name in names:
-        values = {h: f.get("versions", {}).get(name, "none") for h, f in facts.items()}
+        values = {h: f.versions.get(name, "none") for h, f in facts.items()}
         for host, why in _odd_ones(
             values, leader, f"{name} {{value}}; the other hosts have {{usual}}"
         ).items():
@@ -227,13 +303,16 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
         reasons[host].append(silent)
     for host, error in findings.errors.items():
         reasons[host].append(f"its probe failed: {error}")
+    for host, differs in findings.other_version.items():
+        reasons[host].append(f"{OTHER_VERSION}: {differs}")
     facts = {h: f for h, f in findings.facts.items() if h in reasons}
     for host, f in facts.items():
         reasons[host] += _host_reasons(findings, options, f, host)
     for more in (_group_reasons(facts, findings.groups, leader), _version_reasons(facts, leader)):
         for host, why in more.items():
             reasons[host] += why
-    link_named, link_notes, link_median = slow_links(findings.links, options.min_ratio)
+    group_of = {h: findings.groups.get(h, ("", None))[0] for h in hosts}
+    link_named, link_notes, link_median = slow_links(findings.links, options.min_ratio, group_of)
     rtt_named, rtt_median = _latency_reasons(findings.clock, options.min_ratio)
     gpu_named, gpu_median = _gpu_reasons(findings, options.min_ratio)
     for named_by in (link_named, rtt_named, gpu_named):
@@ -245,34 +324,35 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
             reasons[host].append(late)
     named = tuple(Named(h, why[0]) for h, why in reasons.items() if why)
     rows = tuple(_row(findings, h, reasons[h]) for h in hosts)
-    notes = tuple(sorted({f"{h}: {note}" for h, f in facts.items() for note in f.get("notes", ())})) + tuple(
-        link_notes
-    )
+    notes = tuple(sorted({f"{h}: {note}" for h, f in facts.items() for note in f.notes})) + tuple(link_notes)
+    notes += (f"mpirun said: {findings.mpirun_said}",) if findings.mpirun_said else ()
     medians = {"link_mb_s": link_median, "rtt_ms": rtt_median, "gpu_busbw_gbps": gpu_median}
-    if findings.gpu_cluster is not None:
-        medians["cluster_busbw_gbps"] = findings.gpu_cluster.get("busbw_gbps")
+    if findings.gpu_cluster:
+        medians["cluster_busbw_gbps"] = median(g.get("busbw_gbps") for g in findings.gpu_cluster.values())
     return Verdict(named, rows, medians, notes, findings.seconds)
 
 
 def _row(findings: Findings, host: str, reasons: Sequence[str]) -> dict[str, Any]:
-    f = findings.facts.get(host, {})
+    f = findings.facts.get(host)
     into = findings.links.get(host, {})
     out_of = [by_src[host] for by_src in findings.links.values() if host in by_src]
     clock = findings.clock.get(host, {})
+    net = findings.nccl_net.get(host)
     return {
         "host": host,
-        "cpus": f.get("cpus"),
-        "memory_gb": f.get("memory_gb"),
-        "gpus": f.get("gpus"),
-        "shm_free_mb": f.get("shm_free_mb"),
-        "disk_free_mb": dict(f.get("disk_free_mb") or {}),
+        "cpus": f.cpus if f else None,
+        "memory_gb": f.memory_gb if f else None,
+        "gpus": f.gpus if f else None,
+        "shm_free_mb": f.shm_free_mb if f else None,
+        "disk_free_mb": dict(f.disk_free_mb) if f else {},
         "link_in_mb_s": min(into.values()) if into else None,
         "link_out_mb_s": min(out_of) if out_of else None,
         "rtt_ms": clock.get("rtt_ms"),
         "clock_offset_s": clock.get("offset_s"),
         "gpu_busbw_gbps": findings.gpu.get(host, {}).get("busbw_gbps"),
-        "versions": dict(f.get("versions") or {}),
-        "efa_devices": len(f.get("efa_devices") or ()),
+        "nccl_net": nccl_net.cell(net) if net is not None else None,
+        "versions": dict(f.versions) if f else {},
+        "efa_devices": len(f.efa_devices) if f else 0,
         "probe_seconds": dict(findings.phases.get(host, {})),
         "verdict": "ok" if not reasons else "NAMED",
         "reasons": list(reasons),
@@ -299,6 +379,7 @@ COLUMNS = (
     ("rtt_ms", "rtt ms"),
     ("clock_offset_s", "clock s"),
     ("gpu_busbw_gbps", "gpu GB/s"),
+    ("nccl_net", "NCCL network"),
     ("verdict", "verdict"),
 )
 

@@ -30,12 +30,20 @@ class JobSummary:
         float | None
     )  # with horovod_timeline: share of the ranks' time inside Horovod operations
     preflight: Mapping[str, Any] | None = None  # the pre-flight's verdict (preflight/verdict.py), when it ran
+    preflight_only: bool = False  # `train preflight`: the check was the job, no script ran
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 
     def render(self) -> str:
         """One line for the log."""
+        if self.preflight_only:
+            count = len((self.preflight or {}).get("named") or [])
+            text = (
+                f"job summary: exit {self.exit_code}; a pre-flight only (no script): "
+                f"{len(self.hosts)} host(s) checked, {count} named; wall {self.wall_seconds:.2f}s"
+            )
+            return text + (f"; failure: {self.failure}" if self.failure else "")
         first = "n/a" if self.first_rank_seconds is None else f"{self.first_rank_seconds:.2f}s"
         per_host = ", ".join(f"{h}:{n}" for h, n in sorted(self.ranks_per_host.items())) or "none started"
         text = (
@@ -64,6 +72,7 @@ def summarize(
     failure: str | None,
     horovod_op_share: float | None = None,
     preflight: Mapping[str, Any] | None = None,
+    preflight_only: bool = False,
 ) -> JobSummary:
     per_host: dict[str, int] = {}
     for start in starts:
@@ -81,6 +90,7 @@ def summarize(
         failure=failure.splitlines()[0] if failure else None,
         horovod_op_share=horovod_op_share,
         preflight=preflight,
+        preflight_only=preflight_only,
     )
 
 

@@ -233,7 +233,7 @@ class Leader:
         else:
             code, reason = 0, ""
         self.end(code, reason)
-        report(job, plan, result, code, reason, started_at, self.told, verdict)
+        report(job, plan, result, code, reason, started_at, self.told, verdict, preflight_only)
         return code
 
     def _run_mpirun(
@@ -260,6 +260,7 @@ def report(
     started_at: float,
     told: Mapping[str, bool],
     verdict: Verdict | None = None,
+    preflight_only: bool = False,
 ) -> None:
     """Log the job summary and write it to output/data/job-summary.json."""
     share = None
@@ -281,6 +282,7 @@ def report(
         failure=reason or None,
         horovod_op_share=share,
         preflight=verdict.to_json() if verdict is not None else None,
+        preflight_only=preflight_only,
     )
     log.info("%s", result.render())
     try:

@@ -123,7 +123,9 @@ def slow_link(setup: Setup) -> Iterator[dict[str, str]]:
 
 @contextlib.contextmanager
 def small_shm(setup: Setup) -> Iterator[dict[str, str]]:
-    in_host(setup.cluster, "algo-2", "mount", "-o", "remount,size=64m", "/dev/shm")
+    """1 MB of /dev/shm on algo-2: less than its one rank needs (a container's default 64 MB is enough for
+    the CPU job here, and names nobody: test_a_healthy_cluster_names_no_host_and_the_job_runs)."""
+    in_host(setup.cluster, "algo-2", "mount", "-o", "remount,size=1m", "/dev/shm")
     try:
         yield {}
     finally:
@@ -178,12 +180,12 @@ def other_mpi4py(setup: Setup) -> Iterator[dict[str, str]]:
 
 
 @contextlib.contextmanager
-def frozen_probe(setup: Setup) -> Iterator[dict[str, str]]:
-    """algo-4's probe is stopped (SIGSTOP) as soon as it runs: it stops answering mid-check."""
-    host = setup.cluster.host("algo-4")
+def when_probing(setup: Setup, host_name: str, act: Callable[[int, list[int]], None]) -> Iterator[None]:
+    """act(the probe's pid, the host's pids) on `host_name` as soon as its pre-flight probe runs."""
+    host = setup.cluster.host(host_name)
     done = threading.Event()
 
-    def freeze() -> None:
+    def watch() -> None:
         def probe() -> int | None:
             for pid in host.processes():
                 with contextlib.suppress(OSError):
@@ -191,17 +193,45 @@ def frozen_probe(setup: Setup) -> Iterator[dict[str, str]]:
                         return pid
             return None if not done.is_set() else -1
 
-        pid = wait_for(probe, "algo-4's pre-flight probe", RUN_TIMEOUT, max_delay=0.005)
+        pid = wait_for(probe, f"{host_name}'s pre-flight probe", RUN_TIMEOUT, max_delay=0.005)
         if pid > 0:
-            os.kill(pid, signal.SIGSTOP)
+            act(pid, host.processes())
 
-    thread = threading.Thread(target=freeze, daemon=True)
+    thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     try:
-        yield {}
+        yield
     finally:
         done.set()
         thread.join(5)
+
+
+@contextlib.contextmanager
+def frozen_probe(setup: Setup) -> Iterator[dict[str, str]]:
+    """algo-4's probe is stopped (SIGSTOP) as soon as it runs: it stops answering mid-check."""
+    with when_probing(setup, "algo-4", lambda probe, _: os.kill(probe, signal.SIGSTOP)):
+        yield {}
+
+
+def _is_train(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return any(arg.endswith(b"/train") for arg in argv[:2])
+    return False
+
+
+def _kill_train(_probe: int, pids: list[int]) -> None:
+    for pid in pids:
+        if _is_train(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def killed_train(setup: Setup) -> Iterator[dict[str, str]]:
+    """algo-2's `train` is killed (SIGKILL) while its probe runs."""
+    with when_probing(setup, "algo-2", _kill_train):
+        yield {}
 
 
 FAULTS: dict[str, tuple[Fault, str, str]] = {
@@ -234,7 +264,14 @@ def marks(cluster: Cluster) -> list[str]:
 
 
 def test_a_healthy_cluster_names_no_host_and_the_job_runs(setup: Setup) -> None:
-    results = run_job(setup, "fail")
+    """... with a container's default /dev/shm (64 MB) on every host: enough for this CPU job."""
+    for host in HOSTS:
+        in_host(setup.cluster, host, "mount", "-o", "remount,size=64m", "/dev/shm")
+    try:
+        results = run_job(setup, "fail")
+    finally:
+        for host in HOSTS:
+            in_host(setup.cluster, host, "mount", "-o", "remount,size=50%", "/dev/shm")
     preflight = summary_of(setup.cluster)["preflight"]
     assert isinstance(preflight, dict)
     assert {h: r.exit_code for h, r in results.items()} == dict.fromkeys(HOSTS, 0), figures(preflight)
@@ -269,3 +306,78 @@ def test_the_bad_host_and_no_other_is_named(setup: Setup, fault: str, policy: st
         reason = (cluster.ml_dir("algo-1") / "output" / "failure").read_text().splitlines()[0]
         assert reason == f"pre-flight named {bad}: {named[0]['reason']}"
         assert {h: r.left_running for h, r in results.items()} == dict.fromkeys(HOSTS, ())
+
+
+@contextlib.contextmanager
+def full_tmp(setup: Setup) -> Iterator[dict[str, str]]:
+    """algo-3's /tmp is full: its probe's MPI_Init cannot make Open MPI's session files there."""
+    cluster = setup.cluster
+    in_host(cluster, "algo-3", "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/tmp")
+    cluster.exec("algo-3", ["dd", "if=/dev/zero", "of=/tmp/fill", "bs=4k"])  # until full
+    try:
+        yield {}
+    finally:
+        in_host(cluster, "algo-3", "umount", "-l", "/tmp")
+
+
+@contextlib.contextmanager
+def garbled_nvidia_smi(setup: Setup) -> Iterator[dict[str, str]]:
+    """Every host has 4 fake GPUs; algo-4's nvidia-smi (on its PATH alone) prints bytes that are not UTF-8."""
+    cluster = setup.cluster
+    tool = setup.shared / "garbled" / "nvidia-smi"
+    tool.parent.mkdir(exist_ok=True)
+    tool.write_text("#!/bin/sh\nprintf '0, NVIDIA A10G, 0, No, No, Enabled\\n\\377\\376\\n'\n")
+    tool.chmod(0o755)
+    in_host(cluster, "algo-4", "mount", "--bind", str(tool.parent), "/usr/local/sbin")
+    for host in HOSTS:
+        in_host(cluster, host, "mount", "-t", "tmpfs", "tmpfs", "/proc/driver")
+        in_host(cluster, host, "mkdir", "-p", *[f"/proc/driver/nvidia/gpus/0000:00:1{i}.0" for i in range(4)])
+    try:
+        yield {"LD_LIBRARY_PATH": str(setup.fake_gpu), "FAKE_GPU_DRIVER_DIR": "/proc/driver/nvidia/gpus"}
+    finally:
+        for host in HOSTS:
+            in_host(cluster, host, "umount", "/proc/driver")
+        in_host(cluster, "algo-4", "umount", "/usr/local/sbin")
+
+
+# Each failure: the host at fault, what the failure file's first line begins with, every host's exit code.
+FAILURES: dict[str, tuple[Fault, str, str, dict[str, int]]] = {
+    "a worker's /tmp full": (
+        full_tmp,
+        "algo-3",
+        "pre-flight named algo-3: the pre-flight's MPI job failed there: [1,2]<stderr>:[algo-3:",
+        dict.fromkeys(HOSTS, 75),
+    ),
+    "a worker's train killed during the check": (
+        killed_train,
+        "algo-2",
+        "algo-2 ended before the job started (its link closed)",
+        {"algo-1": 69, "algo-2": 137, "algo-3": 69, "algo-4": 69},
+    ),
+    "a host's nvidia-smi prints bytes that are not UTF-8": (
+        garbled_nvidia_smi,
+        "algo-4",
+        "pre-flight named algo-4: nvidia-smi printed bytes that are not UTF-8",
+        dict.fromkeys(HOSTS, 75),
+    ),
+}
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+def test_a_failure_during_the_check_names_its_host_and_not_the_leader(setup: Setup, failure: str) -> None:
+    """The leader is never named for a worker's failure: the failure file's first line names the host at
+    fault and why, and the pre-flight (when it got to its verdict) names it alone, with mpirun's message
+    whole in its notes."""
+    make, bad, first_line, codes = FAILURES[failure]
+    with make(setup) as env:
+        results = run_job(setup, "fail", env)
+    cluster = setup.cluster
+    log = results["algo-1"].log.read_text()
+    reason = (cluster.ml_dir("algo-1") / "output" / "failure").read_text().splitlines()[0]
+    assert reason.startswith(first_line) and "algo-1" not in reason, log[-3000:]
+    assert {h: r.exit_code for h, r in results.items()} == codes
+    assert marks(cluster) == []
+    if first_line.startswith("pre-flight named"):
+        preflight = summary_of(cluster)["preflight"]
+        assert isinstance(preflight, dict)
+        assert [n["host"] for n in preflight["named"]] == [bad], figures(preflight)

@@ -4,19 +4,40 @@ test_preflight_cluster.py)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from smhvd.config.launcher_options import PreflightOptions
+from smhvd.errors import Stopped
+from smhvd.mpi import nccl_net
+from smhvd.preflight import facts as facts_module
 from smhvd.preflight import network
-from smhvd.preflight.facts import GpuHealth, driver_version, memory_gb, parse_gpu_query
-from smhvd.preflight.runner import Collected, parse_line
-from smhvd.preflight.verdict import Findings, Named, judge, slow_links, table
+from smhvd.preflight.facts import FACTS_VERSION, GpuHealth, driver_version, memory_gb, parse_gpu_query
+from smhvd.preflight.runner import (
+    Collected,
+    blamed_host,
+    findings_of,
+    mpirun_message,
+    parse_line,
+    read_findings,
+    run_probes,
+)
+from smhvd.preflight.verdict import DISK_FIX, SHM_FIX, Findings, Named, judge, shm_reason, slow_links, table
+from smhvd.proc.processes import descendants
+from smhvd.proc.signals import SignalWatch
 from smhvd.wire import PREFLIGHT_MARK
 
 HOSTS = ("algo-1", "algo-2", "algo-3", "algo-4")
 OPTIONS = PreflightOptions()
+GPU = {"index": 0, "name": "NVIDIA A100", "ecc_uncorrected": 0, "retired_pending": False,
+       "remapped_pending": False, "persistence": True}  # fmt: skip
 
 
 def facts(host: str, **changed: Any) -> dict[str, Any]:
@@ -31,7 +52,10 @@ def facts(host: str, **changed: Any) -> dict[str, Any]:
         "disk_free_mb": {"checkpoints": 50_000.0, "model": 50_000.0, "output": 50_000.0, "tmp": 50_000.0},
         "versions": {"python": "3.11.7", "tensorflow": "2.15.1", "horovod": "0.28.1", "mpi": "4.1.4"},
         "efa_devices": ["rdmap16s27", "rdmap32s27", "rdmap144s27", "rdmap160s27"],
+        "time": 1.7e9,
         "notes": [],
+        "tools": {},
+        "stamp": FACTS_VERSION,
     } | changed
 
 
@@ -46,9 +70,16 @@ def ring(rates: dict[tuple[str, str], float] | None = None) -> dict[str, dict[st
 
 
 def findings(**changed: Any) -> Findings:
+    """The findings of 4 healthy ml.p4d.24xlarge hosts (8 ranks each), but those given; facts as the probes
+    write them, read as the runner reads them."""
+    typed = read_findings(
+        {h: {"facts": f} for h, f in changed.pop("facts", {h: facts(h) for h in HOSTS}).items()}
+    )
     base: dict[str, Any] = {
         "hosts": HOSTS,
-        "facts": {h: facts(h) for h in HOSTS},
+        "facts": typed.facts,
+        "other_version": typed.other_version,
+        "ranks_per_host": 8,
         "links": ring(),
         "clock": {h: {"rtt_ms": 0.05, "offset_s": 0.001} for h in HOSTS[1:]},
         "groups": dict.fromkeys(HOSTS, ("train", "ml.p4d.24xlarge")),
@@ -73,15 +104,16 @@ def test_healthy_hosts_name_nobody_and_the_table_has_a_row_each() -> None:
     ("changed", "reason"),
     [
         ({"gpus": 7}, "7 GPU(s) visible; ml.p4d.24xlarge has 8"),
-        ({"shm_free_mb": 64.0}, "/dev/shm has 64 MB free; at least 512 MB wanted"),
+        (
+            {"shm_free_mb": 64.0},
+            "/dev/shm has 64 MB free; this job needs 544 MB (8 rank(s) x 4 MB for Open MPI, 8 GPU(s) x 64 MB "
+            f"for NCCL): {SHM_FIX}",
+        ),
         (
             {"disk_free_mb": {"checkpoints": 0.0, "model": 9e4, "output": 9e4, "tmp": 9e4}},
-            "checkpoints: 0 MB free; at least 1024 MB wanted",
+            f"checkpoints: 0 MB free; at least 1024 MB wanted: {DISK_FIX}",
         ),
-        (
-            {"gpu_health": [{"index": 5, "ecc_uncorrected": 3, "retired_pending": False}]},
-            "GPU 5: 3 uncorrectable ECC error(s)",
-        ),
+        ({"gpu_health": [GPU | {"index": 5, "ecc_uncorrected": 3}]}, "GPU 5: 3 uncorrectable ECC error(s)"),
         ({"efa_devices": ["rdmap16s27"]}, "1 EFA device(s); the other hosts of train have 4"),
         ({"cpus": 48}, "48 CPUs; the other hosts of train have 96"),
     ],
@@ -162,11 +194,13 @@ def test_the_summary_object_has_named_and_the_per_host_figures() -> None:
         findings(facts={h: facts(h, shm_free_mb=1.0 if h == "algo-2" else 9e4) for h in HOSTS}), OPTIONS
     )
     data = verdict.to_json()
-    assert data["named"] == [{"host": "algo-2", "reason": "/dev/shm has 1 MB free; at least 512 MB wanted"}]
+    need = "this job needs 544 MB (8 rank(s) x 4 MB for Open MPI, 8 GPU(s) x 64 MB for NCCL)"
+    reason = f"/dev/shm has 1 MB free; {need}: {SHM_FIX}"
+    assert data["named"] == [{"host": "algo-2", "reason": reason}]
     assert sorted(data["hosts"]) == sorted(HOSTS)
     assert data["hosts"]["algo-2"]["shm_free_mb"] == 1.0
     assert data["hosts"]["algo-3"]["link_in_mb_s"] == 1000.0
-    assert verdict.named == (Named("algo-2", "/dev/shm has 1 MB free; at least 512 MB wanted"),)
+    assert verdict.named == (Named("algo-2", reason),)
 
 
 def test_nvidia_smi_query_and_proc_files() -> None:
@@ -240,3 +274,265 @@ def test_a_rank_that_falls_silent_while_another_speaks_is_found() -> None:
     now[0] = 11.0
     collected.feed(f"[1,0]<stdout>:{beat}\n".encode())
     assert collected.silent(10.0) == [1]
+
+
+# What one host's probe said (algo-3's; the others are healthy), and the one reason it is named for.
+OTHER = "runs another version of the launcher: "
+NO_PLUGIN = "libnccl-net.so: cannot open shared object file: No such file or directory"
+SOCKETS = {
+    "plugin": None,
+    "plugin_version": None,
+    "plugin_error": NO_PLUGIN,
+    "provider": True,
+    "efa_devices": 4,
+}
+OFI = {"plugin": "/opt/amazon/ofi-nccl/lib/libnccl-net.so", "plugin_version": "1.21.1", "plugin_error": None,
+       "provider": True, "efa_devices": 4}  # fmt: skip
+PROBE_OUTPUTS: dict[str, tuple[dict[str, Any], str]] = {
+    "a fact missing": (
+        {"facts": {k: v for k, v in facts("algo-3").items() if k != "efa_devices"}},
+        OTHER + "its facts lack efa_devices",
+    ),
+    "a fact unknown here": ({"facts": facts("algo-3", numa=2)}, OTHER + "its facts have numa, unknown here"),
+    "a fact of another type": (
+        {"facts": facts("algo-3", cpus="96")},
+        OTHER + "its facts have cpus='96', of another type",
+    ),
+    "another stamp": (
+        {"facts": facts("algo-3", stamp=1)},
+        OTHER + f"its facts are version 1, this launcher's {FACTS_VERSION}",
+    ),
+    "facts not an object": ({"facts": [96, 8]}, OTHER + "its facts are a list, not an object"),
+    "a GPU's health mistyped": (
+        {"facts": facts("algo-3", gpu_health=[{"index": "0"}])},
+        OTHER + "its facts have gpu_health=[{'index': '0'}], of another type",
+    ),
+    "links not numbers": ({"links": {"algo-1": "fast"}}, OTHER + "its link figures are not numbers by host"),
+    "a GPU finding mistyped": (
+        {"gpu": {"busbw_gbps": "228"}},
+        OTHER + "its GPU finding is not this launcher's",
+    ),
+    "an NCCL-network finding short": (
+        {"nccl_net": {"plugin": None}},
+        OTHER + "its NCCL network finding is not this launcher's",
+    ),
+    "nvidia-smi printed bytes that are not UTF-8": (
+        {"facts": facts("algo-3", tools={"nvidia-smi": "printed bytes that are not UTF-8"})},
+        "nvidia-smi printed bytes that are not UTF-8",
+    ),
+    "NCCL across the hosts failed on one host": (
+        {"gpu_cluster": {"error": "ncclCommInitRank: remote process exited or there was a network error"}},
+        "NCCL all_reduce across the hosts failed here: ncclCommInitRank: remote process exited or there "
+        "was a network error",
+    ),
+    "NCCL falls back to sockets on an EFA instance": (
+        {"nccl_net": SOCKETS},
+        f"NCCL on algo-3 falls back to sockets: no NCCL network plugin loads ({NO_PLUGIN})",
+    ),
+}
+
+
+def said(rank: int, finding: dict[str, Any]) -> bytes:
+    return f"[1,{rank}]<stdout>:{PREFLIGHT_MARK}{json.dumps(finding)}\n".encode()
+
+
+@pytest.mark.parametrize("case", list(PROBE_OUTPUTS))
+def test_a_probe_output_names_its_host_alone_and_never_raises(case: str) -> None:
+    odd, reason = PROBE_OUTPUTS[case]
+    collected = Collected(HOSTS)
+    for rank, host in enumerate(HOSTS):
+        healthy = {
+            "facts": facts(host),
+            "links": ring()[host],
+            "nccl_net": OFI,
+            "gpu": {"busbw_gbps": 228.0},
+            "gpu_cluster": {"busbw_gbps": 40.0, "ranks": 32},
+        }
+        for key, value in (healthy | (odd if host == "algo-3" else {})).items():
+            collected.feed(said(rank, {key: value, "t": 0.1}))
+        collected.feed(said(rank, {"done": True}))
+    groups = dict.fromkeys(HOSTS, ("train", "ml.p4d.24xlarge"))
+    found = findings_of(collected, 1.0, 60.0, 10.0, groups, ranks_per_host=8)
+    verdict = judge(found, OPTIONS)
+    assert [(n.host, n.reason[: len(reason)]) for n in verdict.named] == [("algo-3", reason)]
+    assert "algo-3" in table(verdict)
+
+
+def test_the_nccl_network_column_says_what_each_host_will_use() -> None:
+    nets = {h: nccl_net.from_fact(OFI if h != "algo-2" else SOCKETS) for h in HOSTS}
+    verdict = judge(findings(nccl_net=nets), OPTIONS)
+    assert "NCCL network" in table(verdict).splitlines()[0]
+    assert verdict.to_json()["hosts"]["algo-1"]["nccl_net"] == "OFI (aws-ofi-nccl 1.21.1, 4 EFA)"
+    assert [n.host for n in verdict.named] == ["algo-2"]
+    no_efa_type = dict.fromkeys(HOSTS, ("train", "ml.g5.12xlarge"))
+    assert (
+        named(findings(nccl_net=nets, groups=no_efa_type, facts={h: facts(h, gpus=4) for h in HOSTS})) == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("ranks", "gpus", "shm", "option", "named_for"),
+    [
+        (2, 0, 62.5, None, None),  # a CPU job in a container with the default /dev/shm: enough
+        (
+            8,
+            8,
+            64.0,
+            None,
+            "this job needs 544 MB (8 rank(s) x 4 MB for Open MPI, 8 GPU(s) x 64 MB for NCCL)",
+        ),
+        (1, 8, 64.0, None, None),  # one rank a host: one GPU in use, no peer on its host
+        (2, 0, 1.0, None, "this job needs 8 MB (2 rank(s) x 4 MB for Open MPI)"),
+        (8, 8, 64.0, 32.0, None),  # the option lowers the threshold
+        (2, 0, 62.5, 512.0, "this job needs 512 MB (launcher_preflight_min_shm_mb)"),
+    ],
+)
+def test_dev_shm_is_judged_by_what_the_job_uses(
+    ranks: int, gpus: int, shm: float, option: float | None, named_for: str | None
+) -> None:
+    reason = shm_reason(shm, ranks, gpus, option)
+    assert (reason is None) == (named_for is None)
+    if named_for is not None:
+        assert reason == f"/dev/shm has {shm:g} MB free; {named_for}: {SHM_FIX}"
+        assert "--shm-size=1g" in reason and "launcher_preflight_min_shm_mb" in reason
+
+
+def fake_tool(tmp_path: Path, script: str) -> str:
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\n{script}\n")
+    tool.chmod(0o755)
+    return str(tool)
+
+
+@pytest.mark.parametrize(
+    ("script", "says"),
+    [
+        (r"printf '0, NVIDIA A100, 0, No, No, Enabled\n\377\376\n'", "printed bytes that are not UTF-8"),
+        ("echo 'No devices were found'", "printed no GPU's row: 'No devices were found'"),
+        ("echo 'NVIDIA-SMI has failed' >&2; exit 9", "exited 9: NVIDIA-SMI has failed"),
+        ("exec sleep 30", "did not finish within 0.3s"),
+    ],
+)
+@pytest.mark.integration
+def test_nvidia_smi_that_misbehaves_is_a_finding_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, says: str
+) -> None:
+    monkeypatch.setattr(facts_module, "NVIDIA_SMI_TIMEOUT", 0.3)
+    assert facts_module.gpu_health(fake_tool(tmp_path, script)) == ((), says)
+    good = fake_tool(tmp_path, "echo '0, NVIDIA A100, 0, No, [N/A], Enabled'")
+    assert facts_module.gpu_health(good) == ((GpuHealth(0, "NVIDIA A100", 0, False, None, True),), None)
+
+
+RULE = "-" * 74
+LOST_DAEMON = f"""{RULE}
+ORTE has lost communication with a remote daemon.
+
+  HNP daemon   : [[33333,0],0] on node algo-1
+  Remote daemon: [[33333,0],3] on node algo-4
+
+This is usually due to either a failure of the TCP network
+connection to the node, or possibly an internal failure of
+the daemon itself. We cannot recover from this failure, and
+therefore will terminate the job.
+{RULE}"""
+NOTICED = "mpirun noticed that process rank 2 with PID 0 on node algo-3 exited on signal 9 (Killed)."
+RANK_KILLED = f"{RULE}\n{NOTICED}\n{RULE}"
+PROCESS_EXITED = f"""{RULE}
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[52345,1],1]
+  Exit code:    1
+{RULE}"""
+
+
+@pytest.mark.parametrize(
+    ("said", "blamed"),
+    [
+        (LOST_DAEMON, "algo-4"),  # not mpirun's own daemon's host, the leader
+        (RANK_KILLED, "algo-3"),
+        (PROCESS_EXITED, "algo-2"),  # by its rank
+        (f"[1,2]<stderr>:[algo-3:00024] PMIX ERROR: ...\n{RULE}\nIt looks like orte_init failed", "algo-3"),
+        ("mpirun: something without a host\n", None),
+    ],
+)
+def test_the_host_mpiruns_own_message_names(said: str, blamed: str | None) -> None:
+    lines = [line.encode() for line in said.splitlines()]
+    assert blamed_host(lines, HOSTS) == blamed
+    words = [w for line in said.splitlines() if line != RULE for w in line.split()]
+    assert mpirun_message(lines) == " ".join(words)  # whole, its borders left out
+
+
+def failed_job(said: str, heard: dict[int, dict[str, Any]]) -> Findings:
+    """The probes' MPI job exited 1 after mpirun said `said` and each rank of `heard` said its findings."""
+    collected = Collected(HOSTS)
+    for rank, finding in heard.items():
+        collected.feed(f"[1,{rank}]<stdout>:{PREFLIGHT_MARK}{json.dumps(finding)}\n".encode())
+    collected.feed(said.encode() + b"\n")
+    collected.exit_code = 1
+    return findings_of(collected, 2.0, 60.0, 10.0, dict.fromkeys(HOSTS, ("", None)))
+
+
+def test_a_failed_probe_job_names_only_the_host_the_evidence_points_at() -> None:
+    everyone = {r: {"facts": facts(h)} for r, h in enumerate(HOSTS)}
+    lost = judge(failed_job(LOST_DAEMON, everyone), OPTIONS)
+    assert [n.host for n in lost.named] == ["algo-4"]
+    assert lost.named[0].reason.startswith(
+        "the pre-flight's MPI job failed there: ORTE has lost communication"
+    )
+    assert "HNP daemon : [[33333,0],0] on node algo-1" in lost.named[0].reason  # whole, not cut at a rule
+    assert any(note.startswith("mpirun said: ORTE has lost") for note in lost.notes)
+    errored = {**everyone, 2: {"error": "OSError: no space left"}}
+    assert [n.host for n in judge(failed_job("mpirun exited", errored), OPTIONS).named] == ["algo-3"]
+    silent_one = {r: f for r, f in everyone.items() if r != 1}
+    named_silent = judge(failed_job("mpirun exited", silent_one), OPTIONS).named
+    assert [(n.host, n.reason.split(";")[0]) for n in named_silent] == [
+        ("algo-2", "did not answer: no word from its probe in 2.0s")
+    ]
+
+
+def mesh(groups: dict[str, str], rate: dict[frozenset[str], float], slow: str | None = None) -> Findings:
+    """Every link between `groups`' hosts at the rate of its pair of groups; those of `slow` at 1/10."""
+    links = {
+        dst: {
+            src: rate[frozenset((groups[src], groups[dst]))] / (10 if slow in (src, dst) else 1)
+            for src in groups
+            if src != dst
+        }
+        for dst in groups
+    }
+    return Findings(
+        hosts=tuple(groups),
+        facts=read_findings({h: {"facts": facts(h)} for h in groups}).facts,
+        links=links,
+        groups={h: (g, None) for h, g in groups.items()},
+    )
+
+
+def test_links_are_compared_like_with_like_within_and_between_instance_groups() -> None:
+    """3 hosts of a large type and 1 of a smaller one, by design: nobody named (one global median named the
+    small one); a slow host within a group is still named."""
+    rates = {frozenset(("big",)): 1000.0, frozenset(("big", "small")): 100.0, frozenset(("small",)): 100.0}
+    designed = {"algo-1": "big", "algo-2": "big", "algo-3": "big", "algo-4": "small"}
+    assert named(mesh(designed, rates)) == []
+    six = {f"algo-{i}": "big" for i in range(1, 6)} | {"algo-6": "small"}
+    slow = [host for host, _ in named(mesh(six, rates, slow="algo-3"))]
+    assert slow == ["algo-3"]
+    gpu = {h: {"busbw_gbps": 50.0 if h == "algo-4" else 200.0} for h in HOSTS}
+    by_design = {h: ("small" if h == "algo-4" else "big", None) for h in HOSTS}
+    assert named(findings(gpu=gpu, groups=by_design)) == []  # its group has no other host to compare with
+    one_group = dict.fromkeys(HOSTS, ("big", None))
+    assert named(findings(gpu=gpu, groups=one_group)) == [
+        ("algo-4", "GPU all_reduce bus bandwidth 50 GB/s; median of its group 200 GB/s")
+    ]
+
+
+@pytest.mark.integration
+def test_a_stop_ends_the_probes_at_once_and_nothing_is_left() -> None:
+    with SignalWatch() as watch:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        started = time.monotonic()
+        with pytest.raises(Stopped):
+            run_probes(["sleep", "30"], os.environ, HOSTS[:1], 20.0, signals=watch)
+    assert time.monotonic() - started < 5
+    assert descendants() == []

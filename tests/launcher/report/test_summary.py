@@ -42,6 +42,7 @@ def test_summary_counts_ranks_where_they_started_and_times_from_train_start():
         "failure": "rank 2 on algo-2 exited with code 3",
         "horovod_op_share": None,
         "preflight": None,
+        "preflight_only": False,
     }
     assert summary.render() == (
         "job summary: exit 3; 4 rank(s) on 2 host(s) (algo-1:2, algo-2:1); first rank after 3.00s; "
@@ -82,3 +83,23 @@ def test_no_ops_no_share():
     assert horovod_op_share([]) is None
     assert timeline_events("") == []
     assert timeline_events("not json") == []
+
+
+def test_a_standalone_check_says_what_it_did_not_which_ranks_started():
+    named = {"ok": False, "named": [{"host": "algo-2", "reason": "/dev/shm has 1 MB free"}]}
+    summary = summarize(
+        hosts=("algo-1", "algo-2"),
+        ranks=2,
+        starts=[],
+        started_at=100.0,
+        ended_at=101.25,
+        exit_code=75,
+        host_exits={"algo-1": 75, "algo-2": 75},
+        failure="pre-flight named algo-2: /dev/shm has 1 MB free",
+        preflight=named,
+        preflight_only=True,
+    )
+    assert summary.render() == (
+        "job summary: exit 75; a pre-flight only (no script): 2 host(s) checked, 1 named; wall 1.25s; "
+        "failure: pre-flight named algo-2: /dev/shm has 1 MB free"
+    )
