@@ -64,8 +64,7 @@ def _parse(data: bytes) -> dict[str, str] | None:
 
 
 def fetch_once(path: Path, ancestors: Collection[int] | None = None) -> dict[str, str]:
-    """One look: NotYet while there is nothing to read yet; HostEnvUnavailable for anything that must not be
-    trusted."""
+    """One look: NotYet while there is nothing to read; HostEnvUnavailable for what must not be trusted."""
     what = "this host's environment"
     pid = trusted_pid(path, ancestors, what)
     data = _read_held(pid, trusted_number(path, ENV_FD, what), what)
@@ -104,9 +103,8 @@ def _read_held(pid: int, fd: int, what: str) -> bytes:
 def fetch(
     path: Path, timeout: float = FETCH_TIMEOUT, ancestors: Collection[int] | None = None
 ) -> dict[str, str]:
-    """This host's environment from its `train`'s directory `path`, retried until `timeout` (a rank: its
-    SMHVD_HOSTENV_TIMEOUT) while there is none yet; HostEnvUnavailable if it cannot be had. A rank passes its
-    `ancestors`: only the train that started it is trusted."""
+    """This host's environment from its `train`'s directory `path`, retried until `timeout` while there is
+    none yet; HostEnvUnavailable if it cannot be had. Given `ancestors`, only one of them is trusted."""
     return wait_until(
         lambda: fetch_once(path, ancestors),
         what=f"this host's environment from its train ({path})",

@@ -98,8 +98,7 @@ def trusted_pid(path: Path, ancestors: Collection[int] | None, what: str) -> int
 
 
 def trusted_number(path: Path, name: str, what: str) -> int:
-    """The number `train` wrote in `path / name`; NotYet while there is none, HostEnvUnavailable for a file
-    that holds no number."""
+    """The number `train` wrote in `path / name`; NotYet while there is none, else HostEnvUnavailable."""
     try:
         number = read_number(path / name)
     except ValueError as exc:

@@ -200,8 +200,7 @@ class Linking:
         return {link.host: link.send(event) for link in self.links}
 
     def end(self, event: Event, wait: float) -> dict[str, bool]:
-        """The job ended before it started: `event` to every worker linked within `wait` seconds. Whom it
-        reached."""
+        """The job ended before it started: `event` to every worker linked within `wait` seconds; whom."""
         self.farewell = event
         for worker in self.workers:
             self._tell(worker)
@@ -279,8 +278,7 @@ class Linking:
         self.loop.timers.cancel(worker.timer)
 
     def _probed(self, worker: _Worker, error: str | None) -> None:
-        """The port is open (error None): an ssh attempt once a slot is free; else the next address, or a
-        probe again later."""
+        """Open (error None): an ssh attempt once a slot is free; else the next address, or a probe later."""
         if error is None:
             worker.probes_failed = 0
             self.port_open.append(worker)

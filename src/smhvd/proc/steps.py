@@ -36,8 +36,7 @@ class StepResult:
     stderr: bytes  # empty when stderr was merged into stdout
 
     def text(self) -> tuple[str, str]:
-        """stdout and stderr as text: a step's output is data, never a reason to fail (bytes that are not
-        UTF-8 become U+FFFD)."""
+        """stdout and stderr as text (bytes that are not UTF-8 become U+FFFD: output is never a failure)."""
         return self.stdout.decode(errors="replace"), self.stderr.decode(errors="replace")
 
 

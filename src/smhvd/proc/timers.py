@@ -49,8 +49,7 @@ class Timers:
         return timer in self._due
 
     def timeout(self) -> float | None:
-        """Seconds until the earliest deadline (0 when one has passed); None without timers: wait for
-        events only."""
+        """Seconds until the earliest deadline (0 when one has passed); None without timers."""
         if not self._due:
             return None
         return max(0.0, min(when for when, _ in self._due.values()) - self.clock())

@@ -1,6 +1,5 @@
 """What failed, in one line, with the evidence (the failing rank's stderr tail) after it, in
-`/opt/ml/output/failure`, written once: the first writer wins (a reason the script wrote itself is kept).
-"""
+`/opt/ml/output/failure`, written once: the first writer wins (a reason the script wrote itself is kept)."""
 
 from __future__ import annotations
 
