@@ -19,6 +19,7 @@ from smhvd.config.instance_types import EXPECTED_BUSBW_GBPS, gpu_count
 from smhvd.config.launcher_options import PreflightOptions
 from smhvd.mpi import nccl_net
 from smhvd.mpi.nccl_net import NcclNet
+from smhvd.option_spec import key_of
 from smhvd.preflight.facts import HostFacts
 from smhvd.preflight.network import late_trip, median
 
@@ -203,7 +204,7 @@ def shm_reason(shm: float, ranks_per_host: int, gpus: int, wanted: float | None)
     """Why this much free /dev/shm is too little for the job (None: enough). `wanted`: the option, which
     replaces the need derived from the job. Pure."""
     if wanted is not None:
-        need, why = wanted, "launcher_preflight_min_shm_mb"
+        need, why = wanted, key_of(PreflightOptions, "min_shm_mb")
     else:
         need = shm_need_mb(ranks_per_host, gpus)
         why = f"{ranks_per_host} rank(s) x {OPEN_MPI_SHM_MB:g} MB for Open MPI"
