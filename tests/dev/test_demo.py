@@ -32,6 +32,7 @@ def test_the_demo_reaches_the_accuracy_the_readme_prints(tmp_path: Path) -> None
         check=False,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "WARNING pre-flight" not in result.stdout + result.stderr, result.stderr[-2000:]
     printed = re.findall(r"^demo: test accuracy (0\.\d{4})", result.stdout, re.MULTILINE)
     assert len(printed) == 1, result.stdout[-2000:]
     assert float(printed[0]) == pytest.approx(readme_figure(), abs=0.0005)

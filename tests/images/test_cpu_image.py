@@ -177,19 +177,20 @@ def test_tensorflows_info_lines_are_off_unless_the_user_asks(
     assert TF_INFO_LINE.findall(stderr_of("--env", "TF_CPP_MIN_LOG_LEVEL=0")), "no INFO line at level 0"
 
 
-def test_preflight_on_its_own_checks_the_container_and_names_a_small_shm(
+def test_preflight_on_its_own_checks_the_container_with_no_false_alarm(
     cpu_image: BuiltImage, engine_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """`docker run IMAGE preflight` on a machine (no SageMaker tree): the container's /dev/shm as the engine
-    gives it (podman: 64 MB) is too small for NCCL and is named, exit 75. The README's command,
-    `bin/local-train.sh IMAGE preflight` (the engine and store chosen as for every script, /dev/shm 1 GB),
-    passes every check."""
+    """`docker run IMAGE preflight` on a machine (no SageMaker tree), with the engine's default /dev/shm
+    (podman: 64 MB): a CPU check of one rank needs 4 MB of it (docs/preflight.md), so nobody is named, and
+    the summary says what a standalone check did. The README's command, `bin/local-train.sh IMAGE preflight`
+    (the engine and store chosen as for every script), passes too; neither prints a pre-flight warning."""
     argv = ["podman", "run", "--rm", "--network", "none", cpu_image.immutable, "preflight"]
     proc = subprocess.run(argv, env=engine_env, capture_output=True, text=True, timeout=120, check=False)
     code, text = proc.returncode, proc.stdout + proc.stderr
-    assert code == 75, text
-    named = re.search(r"1 of 1 host\(s\) named .*/dev/shm has ([\d.]+) MB free; at least 512 MB wanted", text)
-    assert named and float(named.group(1)) <= 64, text  # podman's default: 65,536,000 bytes, 62.5 MiB
+    assert code == 0, text
+    assert "pre-flight: all 1 host(s) fine" in text, text
+    assert "WARNING pre-flight" not in text, text
+    assert "a pre-flight only (no script): 1 host(s) checked, 0 named" in text, text
     # The README's command, as a user types it (no --engine: the engine rule chooses podman and the store).
     env = {k: v for k, v in engine_env.items() if not k.startswith("CONTAINERS_")}
     readme = [
@@ -206,8 +207,7 @@ def test_preflight_on_its_own_checks_the_container_and_names_a_small_shm(
     assert code == 0, text
     assert "local-train.sh: engine: podman (" in text, text
     assert "pre-flight: all 1 host(s) fine" in text, text
-    # its row: host, cpus, memory, no GPU, 1024 MB of /dev/shm free
-    assert re.search(r"^\S+\s+\d+\s+[\d.]+\s+0\s+1024\s", text, re.MULTILINE), text
+    assert "WARNING pre-flight" not in text, text
 
 
 def test_ssh_between_containers_of_the_image_is_key_only(
