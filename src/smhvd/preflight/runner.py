@@ -47,6 +47,7 @@ MPIRUN_LINES = 200  # mpirun's own lines kept (its messages are 10-30 lines)
 MESSAGE_LIMIT = 1500  # characters of mpirun's message in a reason and the notes
 _RULE = re.compile(r"^-{20,}$")  # the border of an Open MPI message
 _TAG = re.compile(rb"^\[\d+,(\d+)\]<std(?:out|err)>:")
+_ERROR_WORD = re.compile(r"error|fail|abort", re.IGNORECASE)  # a probe's failing line says it; a warning not
 
 
 def probe_program() -> list[str]:
@@ -298,8 +299,9 @@ def mpirun_message(lines: Iterable[bytes]) -> str:
 
 def blamed_host(lines: Iterable[bytes], hosts: Sequence[str]) -> str | None:
     """The host mpirun's own text names as where the job failed: the rank it says failed first (its host),
-    else the rank whose probe printed the first error line (mpirun tags it), else the first host named on a
-    line other than the one of mpirun's own daemon (`HNP daemon`). Pure."""
+    else the rank whose probe printed the first error line (mpirun tags it; a healthy probe's warning is not
+    one), else the first host named on a line other than the one of mpirun's own daemon (`HNP daemon`).
+    Pure."""
     text = [line.decode(errors="replace") for line in lines]
     failed = parse_mpirun_verdict("\n".join(text))
     if failed is not None and failed.host in hosts:
@@ -308,7 +310,7 @@ def blamed_host(lines: Iterable[bytes], hosts: Sequence[str]) -> str | None:
         return hosts[failed.rank]
     for line in text:  # a probe's own error output (Open MPI's, from MPI_Init), tagged with its rank
         tag = _TAG.match(line.encode())
-        if tag and int(tag.group(1)) < len(hosts):
+        if tag and int(tag.group(1)) < len(hosts) and _ERROR_WORD.search(line):
             return hosts[int(tag.group(1))]
     for line in text:
         if "HNP" in line:

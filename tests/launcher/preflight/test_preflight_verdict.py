@@ -453,6 +453,8 @@ the job to be terminated. The first process to do so was:
         (RANK_KILLED, "algo-3"),
         (PROCESS_EXITED, "algo-2"),  # by its rank
         (f"[1,2]<stderr>:[algo-3:00024] PMIX ERROR: ...\n{RULE}\nIt looks like orte_init failed", "algo-3"),
+        # a healthy probe's warning first is no evidence: the failing probe's error line decides
+        ("[1,0]<stderr>:UserWarning: something\n[1,3]<stderr>:[algo-4:00031] PMIX ERROR: ...", "algo-4"),
         ("mpirun: something without a host\n", None),
     ],
 )
