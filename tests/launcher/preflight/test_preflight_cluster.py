@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from smhvd.proc.processes import read_process_table
 from smhvd_sim import Cluster, ClusterSpec
 from smhvd_sim.jobs import HostResult
 from smhvd_sim.system import wait_for
@@ -340,6 +341,49 @@ def garbled_nvidia_smi(setup: Setup) -> Iterator[dict[str, str]]:
         in_host(cluster, "algo-4", "umount", "/usr/local/sbin")
 
 
+@contextlib.contextmanager
+def frozen_host(setup: Setup) -> Iterator[dict[str, str]]:
+    """Every process of algo-3 is stopped (SIGSTOP) once the leader starts the pre-flight's mpirun (every link
+    said ready), and let go (SIGCONT) once the leader has ended: a host that hung after it said ready."""
+    cluster = setup.cluster
+    host, leader = cluster.host("algo-3"), cluster.host("algo-1")
+    done = threading.Event()
+    stopped: list[int] = []
+
+    def probes_started() -> bool | None:
+        for pid in leader.processes():
+            with contextlib.suppress(OSError):
+                if b"smhvd.preflight.probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+        return False if done.is_set() else None
+
+    def leader_ended() -> bool | None:
+        return True if not any(map(_is_train, leader.processes())) else None
+
+    def freeze_then_thaw() -> None:
+        try:
+            if wait_for(probes_started, "the pre-flight's mpirun on algo-1", RUN_TIMEOUT, max_delay=0.005):
+                for pid in host.processes():
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped.append(pid)
+                wait_for(leader_ended, "the leader's end", RUN_TIMEOUT)
+        finally:  # nsenter, outside the host, stops itself when its child does (job control): it too
+            table = read_process_table()
+            parents = {table[pid][0] for pid in stopped if pid in table}
+            for pid in [*stopped, *parents]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
+
+    thread = threading.Thread(target=freeze_then_thaw, daemon=True)
+    thread.start()
+    try:
+        yield {}
+    finally:
+        done.set()
+        thread.join(RUN_TIMEOUT)
+
+
 # Each failure: the host at fault, what the failure file's first line begins with, every host's exit code.
 FAILURES: dict[str, tuple[Fault, str, str, dict[str, int]]] = {
     "a worker's /tmp full": (
@@ -353,6 +397,12 @@ FAILURES: dict[str, tuple[Fault, str, str, dict[str, int]]] = {
         "algo-2",
         "algo-2 ended before the job started (its link closed)",
         {"algo-1": 69, "algo-2": 137, "algo-3": 69, "algo-4": 69},
+    ),
+    "a worker frozen after its link said ready": (
+        frozen_host,
+        "algo-3",
+        "algo-3 ended before the job started (its link closed)",  # ssh's keepalive, before the bound
+        dict.fromkeys(HOSTS, 69),
     ),
     "a host's nvidia-smi prints bytes that are not UTF-8": (
         garbled_nvidia_smi,
