@@ -230,7 +230,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
     return _is_int(value) or isinstance(value, float)
 
 
@@ -242,7 +242,7 @@ def _list_of(test: Callable[[object], bool]) -> Callable[[object], bool]:
     return lambda value: isinstance(value, list) and all(test(v) for v in value)
 
 
-def _map_of(test: Callable[[object], bool]) -> Callable[[object], bool]:
+def map_of(test: Callable[[object], bool]) -> Callable[[object], bool]:
     return lambda value: isinstance(value, dict) and all(
         isinstance(k, str) and test(v) for k, v in value.items()
     )
@@ -263,16 +263,16 @@ _GPU_FIELDS: dict[str, Callable[[object], bool]] = {
 _FIELDS: dict[str, Callable[[object], bool]] = {
     "host": _is_str,
     "cpus": _is_int,
-    "memory_gb": _maybe(_is_number),
+    "memory_gb": _maybe(is_number),
     "gpus": _is_int,
     "gpu_health": _list_of(lambda v: isinstance(v, dict) and differences(v, _GPU_FIELDS) == []),
-    "shm_free_mb": _maybe(_is_number),
-    "disk_free_mb": _map_of(_maybe(_is_number)),
-    "versions": _map_of(_is_str),
+    "shm_free_mb": _maybe(is_number),
+    "disk_free_mb": map_of(_maybe(is_number)),
+    "versions": map_of(_is_str),
     "efa_devices": _list_of(_is_str),
-    "time": _is_number,
+    "time": is_number,
     "notes": _list_of(_is_str),
-    "tools": _map_of(_is_str),
+    "tools": map_of(_is_str),
     "stamp": _is_int,
 }
 

@@ -37,7 +37,7 @@ from smhvd.proc.steps import end_tree
 from smhvd.proc.timers import Timer, Timers
 from smhvd.wire import PREFLIGHT_BEAT, PREFLIGHT_MARK, PREFLIGHT_SPEC
 
-from .facts import HostFacts, read_facts
+from .facts import HostFacts, is_number, map_of, read_facts
 from .verdict import Findings
 
 log = logging.getLogger("smhvd")
@@ -323,18 +323,10 @@ def blamed_host(lines: Iterable[bytes], hosts: Sequence[str]) -> str | None:
     return None
 
 
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+_is_links = map_of(is_number)  # a probe's link figures: MB/s by host
 
 
-def _is_links(value: object) -> bool:
-    return isinstance(value, dict) and all(isinstance(k, str) and _number(v) for k, v in value.items())
-
-
-def _is_clock(value: object) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(c, dict) and all(_number(c.get(k)) for k in ("rtt_ms", "offset_s")) for c in value.values()
-    )
+_is_clock = map_of(lambda c: isinstance(c, dict) and all(is_number(c.get(k)) for k in ("rtt_ms", "offset_s")))
 
 
 def _gpu_or_none(value: object) -> dict[str, Any] | None:
@@ -342,7 +334,7 @@ def _gpu_or_none(value: object) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         return None
     figures_ok = all(
-        _number(value[k]) for k in ("devices", "algbw_gbps", "busbw_gbps", "ranks") if k in value
+        is_number(value[k]) for k in ("devices", "algbw_gbps", "busbw_gbps", "ranks") if k in value
     )
     texts_ok = all(isinstance(value[k], str) for k in ("nccl", "error") if k in value)
     return value if figures_ok and texts_ok else None
