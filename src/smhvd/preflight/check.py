@@ -4,6 +4,7 @@ the probe on every MPI host (runner.py), the verdict (verdict.py), the table and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import tempfile
@@ -15,7 +16,7 @@ from smhvd.mpi.command import MpiPlan
 from smhvd.proc.signals import SignalWatch
 from smhvd.wire import PREFLIGHT_SPEC
 
-from .runner import SILENCE, findings_of, probe_argv, probe_program, run_probes
+from .runner import SILENCE, findings_of, lost_daemon, probe_argv, probe_program, run_probes
 from .verdict import Verdict, judge, table
 
 log = logging.getLogger("smhvd")
@@ -64,10 +65,17 @@ def run_preflight(
     hosts = plan.hosts if several else (job.resources.current_host,)
     argv = probe_argv(plan, hosts, run_dir) if several else probe_program()
     log.debug("pre-flight of %d host(s) (up to %gs)", len(hosts), options.timeout)
-    collected, seconds = run_probes(
-        argv, {**env, PREFLIGHT_SPEC: spec(job, hosts)}, hosts, options.timeout, signals=signals
-    )
+    probe_env = {**env, PREFLIGHT_SPEC: spec(job, hosts)}
+    collected, seconds = run_probes(argv, probe_env, hosts, options.timeout, signals=signals)
+    lost = lost_daemon(collected) if several and seconds < options.timeout else None
+    if lost is not None:  # a dropped connection, or a host that cannot keep one: a second attempt tells
+        log.info("pre-flight: mpirun lost one of its daemons; checking once more")
+        left = options.timeout - seconds
+        collected, again = run_probes(argv, probe_env, hosts, left, signals=signals)
+        seconds += again
     found = findings_of(collected, seconds, options.timeout, SILENCE, groups(job), plan.slots)
+    if lost is not None:
+        found = dataclasses.replace(found, first_attempt=lost)
     verdict = judge(found, options)
     log_verdict(verdict)
     return verdict

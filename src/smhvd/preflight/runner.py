@@ -47,6 +47,7 @@ MPIRUN_LINES = 200  # mpirun's own lines kept (its messages are 10-30 lines)
 MESSAGE_LIMIT = 1500  # characters of mpirun's message in a reason and the notes
 _RULE = re.compile(r"^-{20,}$")  # the border of an Open MPI message
 _TAG = re.compile(rb"^\[\d+,(\d+)\]<std(?:out|err)>:")
+LOST_DAEMON = "ORTE has lost communication with a remote daemon"  # once: the check runs again (check.py)
 _ERROR_WORD = re.compile(r"error|fail|abort", re.IGNORECASE)  # a probe's failing line says it; a warning not
 
 
@@ -288,6 +289,16 @@ def _blame(collected: Collected, not_done: Sequence[int], seconds: float) -> dic
         why = f"did not answer: no word from its probe in {seconds:.1f}s; mpirun: {message}"
         return {hosts[r]: why for r in unheard}
     return {hosts[r]: f"the pre-flight's MPI job failed: {message}" for r in not_done}
+
+
+def lost_daemon(collected: Collected) -> str | None:
+    """mpirun's message when the probes' MPI job ended because mpirun lost one of its daemons before every
+    probe was done, else None: a connection that dropped once, which the check's second attempt tells from
+    a host that cannot keep one (seen on compose networks, where the job's own mpirun then ran). Pure."""
+    said = mpirun_message(collected.other)
+    failed = collected.abort_notice is not None or collected.exit_code not in (None, 0)
+    unfinished = len(collected.done) < len(collected.hosts)
+    return said if failed and unfinished and LOST_DAEMON in " ".join(said.split()) else None
 
 
 def mpirun_message(lines: Iterable[bytes]) -> str:

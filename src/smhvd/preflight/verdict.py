@@ -54,6 +54,7 @@ class Findings:
     nccl_net: Mapping[str, NcclNet] = field(default_factory=dict)  # host -> the network NCCL will use
     ranks_per_host: int = 1
     mpirun_said: str = ""  # mpirun's own message, whole, when its job failed or a host is missing
+    first_attempt: str = ""  # mpirun's message when the check's first attempt lost a daemon and it ran again
     links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # dst -> src -> MB/s
     clock: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # host -> rtt_ms, offset_s
     gpu: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> devices, busbw_gbps, error
@@ -296,6 +297,14 @@ def _latency_reasons(
     }, med
 
 
+def _mpirun_notes(findings: Findings) -> tuple[str, ...]:
+    """What mpirun said when the probes' job failed, and when its first attempt did. Pure."""
+    said: tuple[str, ...] = (f"mpirun said: {findings.mpirun_said}",) if findings.mpirun_said else ()
+    if findings.first_attempt:
+        said += (f"the check ran twice; its first attempt ended with: {findings.first_attempt}",)
+    return said
+
+
 def judge(findings: Findings, options: PreflightOptions) -> Verdict:
     hosts = findings.hosts
     leader = hosts[0]
@@ -326,7 +335,7 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
     named = tuple(Named(h, why[0]) for h, why in reasons.items() if why)
     rows = tuple(_row(findings, h, reasons[h]) for h in hosts)
     notes = tuple(sorted({f"{h}: {note}" for h, f in facts.items() for note in f.notes})) + tuple(link_notes)
-    notes += (f"mpirun said: {findings.mpirun_said}",) if findings.mpirun_said else ()
+    notes += _mpirun_notes(findings)
     medians = {"link_mb_s": link_median, "rtt_ms": rtt_median, "gpu_busbw_gbps": gpu_median}
     if findings.gpu_cluster:
         medians["cluster_busbw_gbps"] = median(g.get("busbw_gbps") for g in findings.gpu_cluster.values())

@@ -4,6 +4,7 @@ test_preflight_cluster.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from smhvd.preflight.runner import (
     Collected,
     blamed_host,
     findings_of,
+    lost_daemon,
     mpirun_message,
     parse_line,
     read_findings,
@@ -490,6 +492,33 @@ def test_a_failed_probe_job_names_only_the_host_the_evidence_points_at() -> None
     named_silent = judge(failed_job("mpirun exited", silent_one), OPTIONS).named
     assert [(n.host, n.reason.split(";")[0]) for n in named_silent] == [
         ("algo-2", "did not answer: no word from its probe in 2.0s")
+    ]
+
+
+def collected_after(said: str, done: range) -> Collected:
+    collected = Collected(HOSTS)
+    for rank in done:
+        collected.feed(f"[1,{rank}]<stdout>:{PREFLIGHT_MARK}{json.dumps({'done': True})}\n".encode())
+    collected.feed(said.encode() + b"\n")
+    collected.exit_code = 1
+    return collected
+
+
+def test_only_a_lost_daemon_before_every_probe_is_done_makes_the_check_run_again() -> None:
+    """mpirun losing a daemon may be a connection that dropped once (check.py runs the probes again and
+    judges that attempt); a rank's failure is evidence about its host, and a check every probe finished is
+    judged as it stands."""
+    again = lost_daemon(collected_after(LOST_DAEMON, range(2)))
+    assert again is not None and again.startswith("ORTE has lost communication with a remote daemon")
+    assert "on node algo-4" in again
+    assert lost_daemon(collected_after(RANK_KILLED, range(2))) is None
+    assert lost_daemon(collected_after(PROCESS_EXITED, range(0))) is None
+    assert lost_daemon(collected_after(LOST_DAEMON, range(len(HOSTS)))) is None
+    healthy = Findings(hosts=HOSTS, facts=read_findings({h: {"facts": facts(h)} for h in HOSTS}).facts)
+    ran_twice = dataclasses.replace(healthy, first_attempt=again)
+    assert judge(ran_twice, OPTIONS).ok
+    assert [n for n in judge(ran_twice, OPTIONS).notes if n.startswith("the check ran twice")] == [
+        f"the check ran twice; its first attempt ended with: {again}"
     ]
 
 
