@@ -168,9 +168,3 @@ def build_image(
     record_timing(f"build-{flavor}-{engine}", seconds)
     image_id = run(["podman", "image", "inspect", "--format", "{{.Id}}", refs[0]], env, 60).stdout.strip()
     return BuiltImage(immutable=refs[0], moving=refs[1], image_id=image_id, commit=commit, seconds=seconds)
-
-
-# The pre-flight's /dev/shm false alarm on containers with the engine's 64 MB (issue 44.1). Only that one: a
-# local-mode pre-flight's mpirun was once seen to lose algo-2's daemon ("ORTE has lost communication with a
-# remote daemon") and name it, a separate fault still open, which these checks do not hold.
-SHM_ALARM = re.compile(r"WARNING pre-flight: .*/dev/shm has")
