@@ -35,7 +35,9 @@ def main() -> None:
     rank = comm.Get_rank()
     peer = [1 - rank]
     for size in sizes:
+        comm.Barrier()
         network.exchange(comm, MPI, rank, peer, lambda _link, size=size: size)  # connects, and warms up
+        comm.Barrier()
         clock = late_clock(late) if rank == 1 else time.perf_counter
         got = network.exchange(comm, MPI, rank, peer, lambda _link, size=size: size, clock)
         print(json.dumps({"rank": rank, "size": size, "mb_s": got[1 - rank]}), flush=True)

@@ -32,6 +32,7 @@ PATIENT_POLL = 0.01  # ... at most, for a rank that waits while others measure
 CONFIRM_SECONDS = 0.1
 CONFIRM_TRIES = 4  # a link slow alone is measured alone again, up to this many times; its best is kept
 MAX_CONFIRMED = 16  # suspect links measured again alone, the slowest first
+MIN_CPU_SHARE = 0.5  # an end of a link measured alone (spinning) that ran less of the time was starved
 REPEATS = 2  # the measured rounds, each link's best kept (a busy host only ever slows a link down)
 PINGS = 5
 CONFIRM_PINGS = 20  # a late round trip's second look
@@ -92,9 +93,9 @@ def exchange(
     sends_to: list[int] | None = None,
     spin: bool = False,
 ) -> dict[int, float]:
-    """One round: receive from each of `peers` and send to each of `sends_to` (by default `peers` too: both
-    ways at once); by source, the MB/s of its link, timed from the moment this rank asked for it to the
-    receive's completion.
+    """One round, once every rank is at it (the caller's barrier): receive from each of `peers` and send to
+    each of `sends_to` (by default `peers` too: both ways at once); by source, the MB/s of its link, timed
+    from the moment this rank asked for it to the receive's completion.
 
     A sender sends only once its receiver has asked (a GO message, sent after the receiver's clock started):
     else a receiver that is late to start its clock (descheduled after the barrier, on a busy host) finds a
@@ -103,7 +104,6 @@ def exchange(
     destinations = peers if sends_to is None else sends_to
     payload = bytearray(max((size_of((rank, p)) for p in destinations), default=0))
     buffers = {p: bytearray(size_of((p, rank))) for p in peers}
-    idle_wait(comm.Ibarrier())
     start = clock()
     receives = [comm.Irecv([buffers[p], mpi.BYTE], source=p, tag=TAG) for p in peers]
     asked = [comm.Isend([bytearray(1), mpi.BYTE], dest=p, tag=GO_TAG) for p in peers]
@@ -129,12 +129,14 @@ def exchange(
     return {p: rate(size_of((p, rank)), seconds) for p, seconds in took.items()}
 
 
-def measure_links(comm: Any, mpi: Any, ratio: float) -> dict[int, float]:
-    """MB/s of each link into this rank, by source rank (collective: every rank calls it)."""
+def measure_links(comm: Any, mpi: Any, ratio: float) -> tuple[dict[int, float], dict[int, float]]:
+    """MB/s of each link into this rank, by source rank, and the slow ones that could not be judged for a
+    busy CPU, with its share (collective: every rank calls it; `confirm`)."""
     rank, n = comm.Get_rank(), comm.Get_size()
     rounds = [partners(rank, n, d) for d in offsets(n)]
     rough: dict[int, float] = {}
     for peers in rounds:
+        idle_wait(comm.Ibarrier())
         rough.update(exchange(comm, mpi, rank, peers, lambda _link: CALIBRATION_BYTES))
     every: dict[Link, float] = {}
     for dst, rates in enumerate(comm.allgather(rough)):
@@ -147,6 +149,7 @@ def measure_links(comm: Any, mpi: Any, ratio: float) -> dict[int, float]:
     best: dict[int, float] = dict.fromkeys(rough, 0.0)  # (1 MiB fits in the sockets' buffers: a rough rate)
     for _ in range(REPEATS):
         for peers in rounds:
+            idle_wait(comm.Ibarrier())
             for source, mb_s in exchange(comm, mpi, rank, peers, size_of).items():
                 best[source] = max(best[source], mb_s)
     return confirm(comm, mpi, rank, best, ratio)
@@ -165,40 +168,38 @@ def _same(size: int, _link: Link) -> int:
     return size
 
 
-def confirm(comm: Any, mpi: Any, rank: int, best: dict[int, float], ratio: float) -> dict[int, float]:
+def confirm(
+    comm: Any, mpi: Any, rank: int, best: dict[int, float], ratio: float
+) -> tuple[dict[int, float], dict[int, float]]:
     """Measure each suspect link again alone, over CONFIRM_SECONDS, every other rank idle, and beside it the
     link at the median, alone too. Measured together, links share the hosts' CPUs (on a simulated cluster,
     one machine's) and a short window is at the mercy of one descheduling, so a link can look slow that is
     not. A suspect's figure becomes the better of what it had and its best alone figure on the rounds' scale
-    (`on_rounds_scale`): like is compared with like, and a link slow alone too stays slow. Alone, both ends
-    poll without sleeping (`spin`): the other ranks are idle, and a sleep that overruns on a busy host would
-    be measured instead of the link. A transfer alone lasts milliseconds on a fast link, so one descheduling
-    can still spoil it: the links still slow (`still_slow`) are measured again, up to CONFIRM_TRIES times; a
-    link slow every time is slow. Every rank computes the same suspects and reference from the allgathered
-    figures, and learns every alone figure after each try."""
+    (`on_rounds_scale`): like is compared with like, and a link slow alone too stays slow. A transfer alone
+    lasts milliseconds on a fast link, so one descheduling can still spoil it: the links still slow
+    (`still_slow`) are measured again, up to CONFIRM_TRIES times; a link slow every time is slow. An alone
+    figure counts only if both ends had the CPU (`starved`): else it measured the host's other work, not the
+    link. Every rank computes the same suspects and reference from the allgathered figures, and learns
+    every alone figure after each try. Returns the links into this rank, by source, and those of them no
+    try could judge (both ends never had the CPU at once), by source: the best CPU share seen."""
     every = {
         (src, dst): mb_s for dst, rates in enumerate(comm.allgather(best)) for src, mb_s in rates.items()
     }
     slow = suspects(every, ratio)
     med = median(every.values())
     if not slow or med is None:
-        return best
+        return best, {}
     reference = min((abs(mb_s - med), link) for link, mb_s in every.items() if link not in slow)[1]
     alone: dict[Link, float] = {}  # every rank's, after each try
+    busy: dict[Link, float] = {}  # a suspect's best CPU share in tries that did not count
     pending = slow
     for _ in range(CONFIRM_TRIES):
-        mine: dict[Link, float] = {}
-        for src, dst in [reference, *pending]:
-            size = functools.partial(_same, sized(every[(src, dst)], CONFIRM_SECONDS))
-            if rank == src:  # one way: the other way would cross the link under test too
-                exchange(comm, mpi, rank, [], size, sends_to=[dst], spin=True)
-            elif rank == dst:
-                mine[(src, dst)] = exchange(comm, mpi, rank, [src], size, sends_to=[], spin=True)[src]
-            else:
-                idle_wait(comm.Ibarrier(), PATIENT_POLL)
-        for measured in comm.allgather(mine):
-            for link, mb_s in measured.items():
+        figures, shares = alone_once(comm, mpi, rank, [reference, *pending], every)
+        for link, mb_s in figures.items():  # a starved reference only makes the scale stricter: kept
+            if link == reference or not starved(shares.get(link, 0.0)):
                 alone[link] = max(alone.get(link, 0.0), mb_s)
+            else:
+                busy[link] = max(busy.get(link, 0.0), shares.get(link, 0.0))
         pending = still_slow(slow, alone, med, ratio, reference)  # on the scale of the best reference so far
         if not pending:
             break
@@ -208,7 +209,50 @@ def confirm(comm: Any, mpi: Any, rank: int, best: dict[int, float], ratio: float
             # At most the median: a link cleared alone is as good as the median link, not better (lifted
             # above it, the cleared links would raise the median the verdict compares the others with).
             confirmed[src] = max(confirmed[src], min(med, on_rounds_scale(mb_s, med, alone.get(reference))))
-    return confirmed
+    return confirmed, {
+        src: share for (src, dst), share in busy.items() if dst == rank and (src, dst) not in alone
+    }
+
+
+def alone_once(
+    comm: Any, mpi: Any, rank: int, links: list[Link], every: dict[Link, float]
+) -> tuple[dict[Link, float], dict[Link, float]]:
+    """Each of `links` measured alone in turn, every other rank idle (collective): every link's MB/s, and
+    the lesser CPU share of its two ends while it ran (`cpu_share`). Alone, both ends poll without sleeping
+    (`spin`): a sleep that overruns on a busy host would be measured instead of the link, and an end that
+    has its CPU then uses all of it."""
+    mine: dict[Link, float] = {}
+    shares: dict[Link, float] = {}
+    for src, dst in links:
+        if rank not in (src, dst):
+            idle_wait(comm.Ibarrier(), PATIENT_POLL)
+            continue
+        size = functools.partial(_same, sized(every[(src, dst)], CONFIRM_SECONDS))
+        idle_wait(comm.Ibarrier())
+        wall, cpu = time.perf_counter(), time.process_time()
+        if rank == src:  # one way: the other way would cross the link under test too
+            exchange(comm, mpi, rank, [], size, sends_to=[dst], spin=True)
+        else:
+            mine[(src, dst)] = exchange(comm, mpi, rank, [src], size, sends_to=[], spin=True)[src]
+        shares[(src, dst)] = cpu_share(time.process_time() - cpu, time.perf_counter() - wall)
+    figures: dict[Link, float] = {}
+    least: dict[Link, float] = {}
+    for their_figures, their_shares in comm.allgather((mine, shares)):
+        figures.update(their_figures)
+        for link, share in their_shares.items():
+            least[link] = min(least.get(link, share), share)
+    return figures, least
+
+
+def cpu_share(cpu_seconds: float, wall_seconds: float) -> float:
+    """The part of `wall_seconds` a process ran on a CPU (its threads together, at most 1). Pure."""
+    return round(min(1.0, cpu_seconds / max(wall_seconds, 1e-9)), 2)
+
+
+def starved(share: float) -> bool:
+    """An end of a link measured alone that had the CPU less than MIN_CPU_SHARE of the time: the host's other
+    work held it, and the figure says nothing of the link. Pure."""
+    return share < MIN_CPU_SHARE
 
 
 def still_slow(

@@ -126,8 +126,10 @@ def run(spec: Mapping[str, Any], out: Out) -> None:
         MPI, comm = mpi
         n = comm.Get_size()
         ratio = float(spec["min_ratio"])
-        links = network.measure_links(comm, MPI, ratio)
+        links, busy = network.measure_links(comm, MPI, ratio)
         out.say(links={hosts[src]: mb_s for src, mb_s in links.items()})
+        if busy:  # slow links into this host, not judged: an end never had the CPU (its share)
+            out.say(busy_links={hosts[src]: share for src, share in busy.items()})
         clock = network.clock_and_latency(comm, rank, n, ratio)
         if rank == 0:
             out.say(clock={hosts[r]: {"rtt_ms": rtt, "offset_s": off} for r, (rtt, off) in clock.items()})

@@ -357,6 +357,7 @@ def read_findings(by_host: Mapping[str, Mapping[str, Any]]) -> Findings:
     facts: dict[str, HostFacts] = {}
     other: dict[str, str] = {}
     links: dict[str, dict[str, float]] = {}
+    busy: dict[str, dict[str, float]] = {}
     gpus: dict[str, dict[str, Any]] = {}
     cluster: dict[str, dict[str, Any]] = {}
     nets: dict[str, NcclNet] = {}
@@ -366,11 +367,11 @@ def read_findings(by_host: Mapping[str, Mapping[str, Any]]) -> Findings:
             other[host] = read
         elif read is not None:
             facts[host] = read
-        if "links" in found:
-            if _is_links(found["links"]):
-                links[host] = found["links"]
-            else:
-                other.setdefault(host, f"its link figures are not numbers by host: {found['links']!r:.60}")
+        for key, into in (("links", links), ("busy_links", busy)):
+            if key in found and _is_links(found[key]):
+                into[host] = found[key]
+            elif key in found:
+                other.setdefault(host, f"its {key} are not numbers by host: {found[key]!r:.60}")
         for key, into in (("gpu", gpus), ("gpu_cluster", cluster)):
             gpu = _gpu_or_none(found.get(key))
             if gpu is not None:
@@ -385,5 +386,12 @@ def read_findings(by_host: Mapping[str, Mapping[str, Any]]) -> Findings:
                 host, f"its NCCL network finding is not this launcher's: {found['nccl_net']!r:.60}"
             )
     return Findings(
-        hosts=(), facts=facts, other_version=other, links=links, gpu=gpus, gpu_cluster=cluster, nccl_net=nets
+        hosts=(),
+        facts=facts,
+        other_version=other,
+        links=links,
+        busy_links=busy,
+        gpu=gpus,
+        gpu_cluster=cluster,
+        nccl_net=nets,
     )

@@ -56,6 +56,8 @@ class Findings:
     mpirun_said: str = ""  # mpirun's own message, whole, when its job failed or a host is missing
     first_attempt: str = ""  # mpirun's message when the check's first attempt lost a daemon and it ran again
     links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # dst -> src -> MB/s
+    # dst -> src -> CPU share: slow links no alone measurement could judge, an end never having had its CPU
+    busy_links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     clock: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # host -> rtt_ms, offset_s
     gpu: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> devices, busbw_gbps, error
     gpu_cluster: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> busbw_gbps, error
@@ -115,20 +117,26 @@ def _odd_ones(values: Mapping[str, object], reference: str, say: str) -> dict[st
 
 
 def slow_links(
-    links: Mapping[str, Mapping[str, float]], ratio: float, group_of: Mapping[str, str] | None = None
+    links: Mapping[str, Mapping[str, float]],
+    ratio: float,
+    group_of: Mapping[str, str] | None = None,
+    busy: Mapping[str, Mapping[str, float]] | None = None,
 ) -> tuple[dict[str, str], list[str], float | None]:
     """Hosts to name for links below ratio x the median of their kind, notes for the slow links no host
     explains, and the median of all. A link's kind is the pair of its ends' instance groups (`group_of`):
     links are compared within a group and between a pair of groups, so that groups unlike by design name
     nobody. A host whose slow links reach two or more other hosts is named for them (the most partners
     first, each link explained once): its NIC, its link or its CPU is what they share. A slow link left over,
-    or both directions between two hosts, is a path between them that names neither: a note."""
+    or both directions between two hosts, is a path between them that names neither: a note. A slow link
+    in `busy` (dst -> src -> CPU share) was never measured with both ends on a CPU: a note, not evidence."""
     every = {(src, dst): mb for dst, by_src in links.items() for src, mb in by_src.items()}
     med = median(list(every.values()))
     if med is None:
         return {}, [], None
     usual = _link_medians(every, group_of or {})
-    left = {link: mb for link, mb in every.items() if mb < ratio * usual[link]}
+    unjudged = {(src, dst): share for dst, by_src in (busy or {}).items() for src, share in by_src.items()}
+    slow = {link: mb for link, mb in every.items() if mb < ratio * usual[link]}
+    left = {link: mb for link, mb in slow.items() if link not in unjudged}
     named: dict[str, str] = {}
     while left:
         partners: dict[str, set[str]] = {}
@@ -146,6 +154,12 @@ def slow_links(
         f"slow link {src}->{dst} {mb:g} MB/s, median link {usual[(src, dst)]:g} MB/s (one path: neither host "
         "named)"
         for (src, dst), mb in sorted(left.items())
+    ]
+    notes += [
+        f"slow link {src}->{dst} {mb:g} MB/s not judged: measured alone, an end had its CPU "
+        f"{unjudged[(src, dst)]:.0%} of the time at best (the host's other work held it)"
+        for (src, dst), mb in sorted(slow.items())
+        if (src, dst) in unjudged
     ]
     return named, notes, med
 
@@ -322,7 +336,9 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
         for host, why in more.items():
             reasons[host] += why
     group_of = {h: findings.groups.get(h, ("", None))[0] for h in hosts}
-    link_named, link_notes, link_median = slow_links(findings.links, options.min_ratio, group_of)
+    link_named, link_notes, link_median = slow_links(
+        findings.links, options.min_ratio, group_of, findings.busy_links
+    )
     rtt_named, rtt_median = _latency_reasons(findings.clock, options.min_ratio)
     gpu_named, gpu_median = _gpu_reasons(findings, options.min_ratio)
     for named_by in (link_named, rtt_named, gpu_named):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from smhvd.preflight import network
 from support.cluster import SBIN_PATH, ensure_tools
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
@@ -66,3 +67,54 @@ def test_a_late_receiver_does_not_read_a_slow_link_as_fast(slow_loopback: list[s
     assert sorted(late) == sorted(SIZES), proc.stdout
     # Both directions share the one bucket: a figure is at most the link's rate, give or take its burst.
     assert all(mb_s < 1.5 * RATE_MB_S for mb_s in late.values()), late
+
+
+STARVED = Path(__file__).parents[2] / "support" / "starved_link.py"
+HOGS = 3  # busy loops beside rank 1 on its CPU: it runs about a quarter of the time
+
+
+def confirm_link(busy_cpu: bool) -> dict[str, dict[str, float]]:
+    """support/starved_link.py under a real mpirun on loopback, rank 1's CPU shared with HOGS busy loops or
+    not; rank 1's result."""
+    ensure_tools({"mpirun": "openmpi-bin"})
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, "the test pins rank 1 and the others to two CPUs"
+    mine, others = cpus[0], cpus[1]
+    mpirun = [
+        "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "3",
+        "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
+    ]  # fmt: skip
+    hog = [sys.executable, "-c", "while True: pass"]
+    hogs = [
+        subprocess.Popen(hog, preexec_fn=lambda: os.sched_setaffinity(0, {mine}))  # noqa: PLW1509
+        for _ in range(HOGS if busy_cpu else 0)
+    ]
+    try:
+        proc = subprocess.run(
+            [*mpirun, sys.executable, str(STARVED), str(mine), str(others)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result: dict[str, dict[str, float]] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
+def test_a_link_whose_end_never_had_its_cpu_is_not_judged_and_one_that_had_it_is() -> None:
+    """A suspect link measured alone while its receiver shares its CPU with busy loops measures the loops,
+    not the link: no try counts, and the link comes back unjudged with the CPU share seen (the verdict then
+    writes a note, not a name). The same link with the CPU to itself is judged: slow here, since the figures
+    given make every loopback transfer slow against their median."""
+    starved = confirm_link(busy_cpu=True)
+    assert list(starved["busy"]) == ["0"], starved
+    assert starved["busy"]["0"] < network.MIN_CPU_SHARE
+    assert starved["confirmed"]["0"] == 20_000.0  # its figure is not lifted either
+    free = confirm_link(busy_cpu=False)
+    assert free["busy"] == {}, free
+    assert free["confirmed"]["0"] < 0.5 * 100_000.0  # judged: still below the threshold

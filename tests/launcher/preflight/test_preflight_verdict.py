@@ -161,6 +161,25 @@ def test_one_slow_path_names_neither_host_and_is_a_note() -> None:
     )
 
 
+def test_slow_links_no_measurement_could_judge_are_notes_and_the_others_still_name() -> None:
+    """The 32-host false alarm: algo-6's links out were slow, measured while it (the simulated hosts share 2
+    cores) hardly had a CPU. Links the probe says it could not judge name nobody; a note says why."""
+    slow = {("algo-3", "algo-2"): 5.2, ("algo-3", "algo-4"): 11.1}
+    busy = {"algo-2": {"algo-3": 0.31}, "algo-4": {"algo-3": 0.2}}
+    verdict = judge(findings(links=ring(slow), busy_links=busy), OPTIONS)
+    assert verdict.named == ()
+    assert verdict.notes == (
+        "slow link algo-3->algo-2 5.2 MB/s not judged: measured alone, an end had its CPU 31% of the time at "
+        "best (the host's other work held it)",
+        "slow link algo-3->algo-4 11.1 MB/s not judged: measured alone, an end had its CPU 20% of the time "
+        "at best (the host's other work held it)",
+    )
+    half = judge(findings(links=ring({**slow, ("algo-3", "algo-1"): 7.0}), busy_links=busy), OPTIONS)
+    assert named(findings(links=ring({**slow, ("algo-3", "algo-1"): 7.0}))) != []  # without: algo-3
+    assert half.named == ()  # one judged slow link is a path, not a host
+    assert any(n.startswith("slow link algo-3->algo-1 7 MB/s, median") for n in half.notes)
+
+
 def test_the_threshold_is_the_option() -> None:
     f = findings(links=ring({("algo-1", "algo-2"): 400.0, ("algo-3", "algo-2"): 400.0}))
     assert [h for h, _ in named(f, PreflightOptions(min_ratio=0.5))] == ["algo-2"]
@@ -309,7 +328,8 @@ PROBE_OUTPUTS: dict[str, tuple[dict[str, Any], str]] = {
         {"facts": facts("algo-3", gpu_health=[{"index": "0"}])},
         OTHER + "its facts have gpu_health=[{'index': '0'}], of another type",
     ),
-    "links not numbers": ({"links": {"algo-1": "fast"}}, OTHER + "its link figures are not numbers by host"),
+    "links not numbers": ({"links": {"algo-1": "fast"}}, OTHER + "its links are not numbers by host"),
+    "busy links not numbers": ({"busy_links": ["algo-1"]}, OTHER + "its busy_links are not numbers by host"),
     "a GPU finding mistyped": (
         {"gpu": {"busbw_gbps": "228"}},
         OTHER + "its GPU finding is not this launcher's",
