@@ -8,7 +8,7 @@ there without a GPU or an EFA device. Prints one JSON object:
   initialised and NCCL's own lines;
 - plugin_init: the plugin's own initialisation, called through its ncclNetPlugin_v8 table as NCCL 2.21 calls
   it, with a logger that keeps what the plugin says, and the code it returns;
-- nccl_net: the launcher's reading of the network (smhvd.mpi.nccl_net) on this host.
+- nccl_net: the launcher's reading of the network (smhvd.preflight.nccl_net) on this host.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from smhvd.mpi import efa, nccl_net
+from smhvd.mpi import efa
+from smhvd.preflight import nccl_net
 from smhvd.preflight.facts import efa_devices
 
 NCCL = str(Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "nccl" / "lib" / "libnccl.so.2")

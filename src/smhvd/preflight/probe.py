@@ -19,8 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from smhvd.mpi import efa, nccl_net
-from smhvd.preflight import gpu, network
+from smhvd.mpi import efa
+from smhvd.preflight import gpu, nccl_net, network
 from smhvd.preflight.facts import gather
 from smhvd.proc.processes import die_with_parent, state
 from smhvd.wire import PREFLIGHT_BEAT, PREFLIGHT_MARK, PREFLIGHT_SPEC

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from smhvd.errors import Stopped
-from smhvd.mpi import nccl_net
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv
-from smhvd.mpi.nccl_net import NcclNet
 from smhvd.mpi.output import ABORT_SIGNS, first_sentence, parse_mpirun_verdict
+from smhvd.preflight import nccl_net
+from smhvd.preflight.nccl_net import NcclNet
 from smhvd.proc.loop import follow_output
 from smhvd.proc.processes import descendants, die_with_parent
 from smhvd.proc.signals import SignalWatch

@@ -15,12 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from smhvd.config.instance_types import EXPECTED_BUSBW_GBPS, gpu_count
 from smhvd.config.launcher_options import PreflightOptions
-from smhvd.mpi import nccl_net
-from smhvd.mpi.nccl_net import NcclNet
 from smhvd.option_spec import key_of
+from smhvd.preflight import nccl_net
 from smhvd.preflight.facts import HostFacts
+from smhvd.preflight.instance_types import EXPECTED_BUSBW_GBPS, gpu_count
+from smhvd.preflight.nccl_net import NcclNet
 from smhvd.preflight.network import late_trip, median
 
 # /dev/shm a job needs on a host (docs/preflight.md): Open MPI's shared-memory transport maps a segment of

@@ -17,9 +17,8 @@ import pytest
 
 from smhvd.config.launcher_options import PreflightOptions
 from smhvd.errors import Stopped
-from smhvd.mpi import nccl_net
 from smhvd.preflight import facts as facts_module
-from smhvd.preflight import network
+from smhvd.preflight import nccl_net, network
 from smhvd.preflight.facts import FACTS_VERSION, GpuHealth, driver_version, memory_gb, parse_gpu_query
 from smhvd.preflight.runner import (
     Collected,

@@ -1,5 +1,5 @@
-"""Which network NCCL will use (smhvd.mpi.nccl_net): the rules as pure functions, and the plugin found by the
-real dynamic loader. The plugin here is a library this test compiles, holding the start-up text that
+"""Which network NCCL will use (smhvd.preflight.nccl_net): the rules as pure functions, and the plugin found
+by the real dynamic loader. The plugin here is a library this test compiles, holding the start-up text that
 aws-ofi-nccl's library holds; the real plugin is loaded in the built GPU image
 (tests/images/test_gpu_image.py)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from smhvd.mpi.nccl_net import NcclNet, cell, detect, from_fact, plugin_names, socket_reason
+from smhvd.preflight.nccl_net import NcclNet, cell, detect, from_fact, plugin_names, socket_reason
 from support.ci import unavailable
 
 PLUGIN = NcclNet("/opt/amazon/ofi-nccl/lib/libnccl-net.so", "1.21.1", None, provider=True, efa_devices=4)
@@ -111,7 +111,7 @@ def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 DETECT = (
-    "import json, dataclasses, os; from smhvd.mpi import nccl_net as n;"
+    "import json, dataclasses, os; from smhvd.preflight import nccl_net as n;"
     " print(json.dumps(dataclasses.asdict(n.detect(os.environ, True, 2))))"
 )
 
