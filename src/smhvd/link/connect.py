@@ -36,6 +36,7 @@ PROBE_TIMEOUT = 2.0  # one TCP connect to a worker's sshd port
 PROBE_FIRST, PROBE_MAX = 0.05, 0.25  # re-probes of a refused port: x1.6 from the first, up to the most
 MAX_SSH_IN_FLIGHT = 64  # ssh attempts at once (each is a process and a handshake on the leader)
 CLOSE_TIMEOUT = 5.0
+PROBE_IDENTIFICATION = b"SSH-2.0-smhvd_probe\r\n"  # an SSH client's first line (RFC 4253 4.2)
 SAID_KEPT = 4096  # of what an attempt printed before READY, at most this much is kept (its last words)
 
 Address = tuple[socket.AddressFamily, tuple[Any, ...]]  # a socket family and an address of it
@@ -264,6 +265,9 @@ class Linking:
         def answered(error: str | None = None) -> None:
             assert worker.probe is not None
             code = worker.probe.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if not error and not code:  # said who it is: sshd logs no closed connection in the worker's log
+                with contextlib.suppress(OSError):
+                    worker.probe.send(PROBE_IDENTIFICATION)
             self._end_probe(worker)
             self._probed(worker, error or (os.strerror(code) if code else None))
 
