@@ -298,7 +298,7 @@ def lost_daemon(collected: Collected) -> str | None:
     said = mpirun_message(collected.other)
     failed = collected.abort_notice is not None or collected.exit_code not in (None, 0)
     unfinished = len(collected.done) < len(collected.hosts)
-    return said if failed and unfinished and LOST_DAEMON in " ".join(said.split()) else None
+    return said if failed and unfinished and LOST_DAEMON in said else None
 
 
 def mpirun_message(lines: Iterable[bytes]) -> str:
