@@ -54,7 +54,6 @@ int cudaGetDeviceCount(int *count) {
     *count = device_count();
     return *count > 0 ? 0 : cudaErrorNoDevice;
 }
-int cudaDriverGetVersion(int *version) { *version = 12040; return 0; }
 const char *cudaGetErrorString(int error) {
     static char text[32];
     snprintf(text, sizeof text, "fake error %d", error);

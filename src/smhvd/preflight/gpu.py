@@ -46,7 +46,6 @@ _void, _int, _size, _text = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctyp
 # Every function used, as (restype, argtypes). Status codes (cudaError_t, ncclResult_t) are C enums: c_int.
 _CUDART: dict[str, tuple[type, list[type]]] = {
     "cudaGetDeviceCount": (_int, [_int_p]),
-    "cudaDriverGetVersion": (_int, [_int_p]),
     "cudaGetErrorString": (_text, [_int]),
     "cudaSetDevice": (_int, [_int]),
     "cudaMalloc": (_int, [_void_pp, _size]),
@@ -174,13 +173,6 @@ def nccl_version(rt: GpuRuntime) -> str:
     code = ctypes.c_int(0)
     _nccl(rt, "ncclGetVersion", ctypes.byref(code))
     return nccl_version_text(code.value)
-
-
-def driver_version(rt: GpuRuntime) -> str:
-    """The CUDA version the driver supports, e.g. "12.4" (0 without a driver: "0.0")."""
-    code = ctypes.c_int(0)
-    _cuda(rt, "cudaDriverGetVersion", ctypes.byref(code))
-    return f"{code.value // 1000}.{code.value % 1000 // 10}"
 
 
 def unique_id(rt: GpuRuntime) -> bytes:
