@@ -19,7 +19,6 @@ KEEPER_GONE = signal.SIGRTMIN + 1  # the launcher's parent-death signal: not one
 # Passed on from the keeper to the launcher: every signal a user or SageMaker may send that can be caught.
 PASSED_ON = (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCONT, SIGWINCH)
 END_BOUND_SECONDS = 2  # a killed train's job is gone within this long, as the docs say (measured: 0.1 s)
-_ROUNDS = 50  # SIGKILL rounds at most: each takes what was forked or re-parented since the last one
 
 
 def split() -> None:
@@ -60,17 +59,7 @@ def exit_as(code: int) -> None:
 
 
 def _end_the_job(_signum: int, _frame: FrameType | None) -> None:
-    """The keeper is gone: SIGKILL everything below, round after round (what a dying process forked, what
-    is re-parented here meanwhile), then exit. No report: whoever killed the keeper asked for this."""
-    me = os.getpid()
-    for _ in range(_ROUNDS):
-        table = processes.read_process_table()
-        alive = [pid for pid in processes.descendants_of(me, table) if table[pid][1] != "Z"]
-        if not alive:
-            break
-        processes.signal_pids(reversed(alive), signal.SIGKILL)
-        for pid in alive:  # a wait on the kernel's word for the children killed, not a sleep
-            if table[pid][0] == me:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
+    """The keeper is gone: SIGKILL everything below (processes.kill_descendants), then exit. No report:
+    whoever killed the keeper asked for this."""
+    processes.kill_descendants()
     os._exit(128 + signal.SIGKILL)

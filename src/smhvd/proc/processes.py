@@ -9,6 +9,7 @@ import signal
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
+KILL_ROUNDS = 50  # kill_descendants' rounds at most: each takes what was forked or re-parented since the last
 DRAIN_LIMIT = 1 << 20  # after a program exited: at most this much of what is already in its output pipe
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -175,8 +176,20 @@ def signal_pids(pids: Iterable[int], sig: int) -> None:
 
 
 def kill_descendants() -> None:
-    """SIGKILL every descendant: what is left when a role ends must not outlive it."""
-    signal_pids(reversed(descendants()), signal.SIGKILL)
+    """SIGKILL every descendant, round after round (what a dying process forked after a round's look, and is
+    then re-parented here, the subreaper), its children reaped: what is left when a role ends must not
+    outlive it."""
+    me = os.getpid()
+    for _ in range(KILL_ROUNDS):
+        table = read_process_table()
+        alive = [pid for pid in descendants_of(me, table) if table[pid][1] != "Z"]
+        if not alive:
+            break
+        signal_pids(reversed(alive), signal.SIGKILL)
+        for pid in alive:  # the kernel's word that each child died (its children re-parented), not a sleep
+            if table[pid][0] == me:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
     reap_orphans(())
 
 

@@ -33,3 +33,48 @@ def test_hostfile_and_gpu_count():
     assert count_gpus(["0000:00:1e.0", "0000:00:1f.0"], []) == 2
     assert count_gpus([], ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"]) == 2
     assert count_gpus([], []) == 0
+
+
+# A process that forks children (each sleeping, SIGTERM ignored) as fast as it can, for as long as it lives:
+# what a rank starting its own helpers looks like at the moment its launcher ends it.
+FORKER = """
+import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("forking", flush=True)
+while True:
+    if os.fork() == 0:
+        time.sleep(300)
+        os._exit(0)
+"""
+# A launcher in miniature: a subreaper with the forker below it, which then ends every descendant.
+ENDS_ITS_TREE = f"""
+import subprocess, sys
+from smhvd.proc.processes import become_subreaper, kill_descendants
+become_subreaper()
+forker = subprocess.Popen([sys.executable, "-c", {FORKER!r}], stdout=subprocess.PIPE)
+forker.stdout.readline()
+kill_descendants()
+"""
+
+
+@pytest.mark.integration  # starts processes
+def test_ending_the_descendants_takes_what_they_fork_while_they_are_killed() -> None:
+    """A descendant that forks while it is being killed leaves children the first look did not see; they are
+    re-parented to the subreaper, and must be killed too (a rank's helper once outlived `train` so, in CI)."""
+    marker = f"smhvd-test-{os.getpid()}-forks"
+    subprocess.run(
+        [sys.executable, "-c", ENDS_ITS_TREE],
+        env={**os.environ, "SMHVD_TEST_MARKER": marker},
+        timeout=60,
+        check=True,
+    )
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
+                left.append(int(entry.name))
+        except OSError:
+            continue
+    for pid in left:
+        os.kill(pid, 9)
+    assert left == []
