@@ -138,6 +138,11 @@ class Collected:
         if self.abort_notice is None and any(sign in text for sign in ABORT_SIGNS):
             self.abort_notice = first_sentence(lines)
 
+    @property
+    def failed(self) -> bool:
+        """The probes' MPI job failed: mpirun exited non-zero, or Open MPI said the job aborts."""
+        return self.abort_notice is not None or self.exit_code not in (None, 0)
+
     def silent(self, limit: float) -> list[int]:
         """Ranks not done that have not spoken for `limit` seconds (or at all, that long after the first)."""
         now = self.clock()
@@ -255,8 +260,7 @@ def _unfinished(
     """Hosts missing (silent, or where the probes' MPI job failed) and hosts that ran to the bound; why."""
     hosts = collected.hosts
     not_done = [r for r in range(len(hosts)) if r not in collected.done]
-    failed = collected.abort_notice is not None or collected.exit_code not in (None, 0)
-    if failed and not_done:
+    if collected.failed and not_done:
         return _blame(collected, not_done, seconds), {}
     silent = set(collected.silent(min(silence, timeout)))
     missing: dict[str, str] = {}
@@ -296,9 +300,8 @@ def lost_daemon(collected: Collected) -> str | None:
     probe was done, else None: a connection that dropped once, which the check's second attempt tells from
     a host that cannot keep one (seen on compose networks, where the job's own mpirun then ran). Pure."""
     said = mpirun_message(collected.other)
-    failed = collected.abort_notice is not None or collected.exit_code not in (None, 0)
     unfinished = len(collected.done) < len(collected.hosts)
-    return said if failed and unfinished and LOST_DAEMON in said else None
+    return said if collected.failed and unfinished and LOST_DAEMON in said else None
 
 
 def mpirun_message(lines: Iterable[bytes]) -> str:
@@ -313,14 +316,15 @@ def blamed_host(lines: Iterable[bytes], hosts: Sequence[str]) -> str | None:
     else the rank whose probe printed the first error line (mpirun tags it; a healthy probe's warning is not
     one), else the first host named on a line other than the one of mpirun's own daemon (`HNP daemon`).
     Pure."""
-    text = [line.decode(errors="replace") for line in lines]
+    raw = list(lines)
+    text = [line.decode(errors="replace") for line in raw]
     failed = parse_mpirun_verdict("\n".join(text))
     if failed is not None and failed.host in hosts:
         return failed.host
     if failed is not None and failed.rank is not None and 0 <= failed.rank < len(hosts):
         return hosts[failed.rank]
-    for line in text:  # a probe's own error output (Open MPI's, from MPI_Init), tagged with its rank
-        tag = _TAG.match(line.encode())
+    for tagged, line in zip(raw, text, strict=True):  # a probe's own error output (from MPI_Init), tagged
+        tag = _TAG.match(tagged)
         if tag and int(tag.group(1)) < len(hosts) and _ERROR_WORD.search(line):
             return hosts[int(tag.group(1))]
     for line in text:

@@ -69,6 +69,13 @@ class Findings:
     seconds: float = 0.0
     phases: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # host -> finding -> probe's time
 
+    def group_of(self, host: str) -> str:
+        """The host's instance group ("" without instance groups)."""
+        return self.groups.get(host, ("", None))[0]
+
+    def instance_type(self, host: str) -> str | None:
+        return self.groups.get(host, ("", None))[1]
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -181,11 +188,11 @@ def _gpu_reasons(findings: Findings, ratio: float) -> tuple[dict[str, str], floa
         h: float(g["busbw_gbps"]) for h, g in findings.gpu.items() if g.get("busbw_gbps") is not None
     }
     med = median(list(busbw.values()))
-    group_of = {h: findings.groups.get(h, ("", None))[0] for h in busbw}
     for host, value in busbw.items():
-        instance_type = findings.groups.get(host, ("", None))[1]
+        instance_type = findings.instance_type(host)
         expected = EXPECTED_BUSBW_GBPS.get(instance_type or "")
-        peers = [v for h, v in busbw.items() if group_of[h] == group_of[host]]  # its group's: like with like
+        group = findings.group_of(host)
+        peers = [v for h, v in busbw.items() if findings.group_of(h) == group]  # its group's: like with like
         usual = median(peers)
         if expected is not None and value < ratio * expected:
             reasons[host] = (
@@ -221,10 +228,10 @@ def shm_reason(shm: float, ranks_per_host: int, gpus: int, wanted: float | None)
     if wanted is not None:
         need, why = wanted, key_of(PreflightOptions, "min_shm_mb")
     else:
-        need = shm_need_mb(ranks_per_host, gpus)
+        need, local = shm_need_mb(ranks_per_host, gpus), _local_gpus(ranks_per_host, gpus)
         why = f"{ranks_per_host} rank(s) x {OPEN_MPI_SHM_MB:g} MB for Open MPI"
-        if _local_gpus(ranks_per_host, gpus):
-            why += f", {_local_gpus(ranks_per_host, gpus)} GPU(s) x {NCCL_SHM_MB:g} MB for NCCL"
+        if local:
+            why += f", {local} GPU(s) x {NCCL_SHM_MB:g} MB for NCCL"
     if shm >= need:
         return None
     return f"/dev/shm has {shm:g} MB free; this job needs {need:g} MB ({why}): {SHM_FIX}"
@@ -233,7 +240,7 @@ def shm_reason(shm: float, ranks_per_host: int, gpus: int, wanted: float | None)
 def _host_reasons(findings: Findings, options: PreflightOptions, facts: HostFacts, host: str) -> list[str]:
     """What is wrong with one host by itself (floors, its instance type, its GPUs' health and tools)."""
     out: list[str] = []
-    instance_type = findings.groups.get(host, ("", None))[1]
+    instance_type = findings.instance_type(host)
     expected = gpu_count(instance_type)
     if expected is not None and facts.gpus != expected:
         out.append(f"{facts.gpus} GPU(s) visible; {instance_type} has {expected}")
@@ -335,7 +342,7 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
     for more in (_group_reasons(facts, findings.groups, leader), _version_reasons(facts, leader)):
         for host, why in more.items():
             reasons[host] += why
-    group_of = {h: findings.groups.get(h, ("", None))[0] for h in hosts}
+    group_of = {h: findings.group_of(h) for h in hosts}
     link_named, link_notes, link_median = slow_links(
         findings.links, options.min_ratio, group_of, findings.busy_links
     )

@@ -182,30 +182,40 @@ def other_mpi4py(setup: Setup) -> Iterator[dict[str, str]]:
 
 
 @contextlib.contextmanager
-def when_probing(setup: Setup, host_name: str, act: Callable[[int, list[int]], None]) -> Iterator[None]:
-    """act(the probe's pid, the host's pids) on `host_name` as soon as its pre-flight probe runs."""
-    host = setup.cluster.host(host_name)
+def in_background(work: Callable[[threading.Event], None], join: float = 5.0) -> Iterator[None]:
+    """work(done) on a thread while the block runs; `done` set when the block ends, then the thread joined."""
     done = threading.Event()
-
-    def watch() -> None:
-        def probe() -> int | None:
-            for pid in host.processes():
-                with contextlib.suppress(OSError):
-                    if b"smhvd.preflight.probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                        return pid
-            return None if not done.is_set() else -1
-
-        pid = wait_for(probe, f"{host_name}'s pre-flight probe", RUN_TIMEOUT, max_delay=0.005)
-        if pid > 0:
-            act(pid, host.processes())
-
-    thread = threading.Thread(target=watch, daemon=True)
+    thread = threading.Thread(target=work, args=(done,), daemon=True)
     thread.start()
     try:
         yield
     finally:
         done.set()
-        thread.join(5)
+        thread.join(join)
+
+
+def _is_probe(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return b"smhvd.preflight.probe" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return False
+
+
+@contextlib.contextmanager
+def when_probing(setup: Setup, host_name: str, act: Callable[[int, list[int]], None]) -> Iterator[None]:
+    """act(the probe's pid, the host's pids) on `host_name` as soon as its pre-flight probe runs."""
+    host = setup.cluster.host(host_name)
+
+    def watch(done: threading.Event) -> None:
+        def probe() -> int | None:
+            found = next((pid for pid in host.processes() if _is_probe(pid)), None)
+            return found if found is not None or not done.is_set() else -1
+
+        pid = wait_for(probe, f"{host_name}'s pre-flight probe", RUN_TIMEOUT, max_delay=0.005)
+        if pid > 0:
+            act(pid, host.processes())
+
+    with in_background(watch):
+        yield
 
 
 @contextlib.contextmanager
@@ -242,21 +252,18 @@ def daemon_killed(times: int) -> Fault:
         """algo-2's Open MPI daemon (orted) is killed (SIGKILL) once a probe runs under it, in the first
         `times` of the pre-flight's attempts: mpirun loses that daemon."""
         host = setup.cluster.host("algo-2")
-        done = threading.Event()
         killed: list[int] = []
 
-        def daemon_with_a_probe() -> int | None:
-            table = read_process_table()
-            for pid in host.processes():
-                with contextlib.suppress(OSError, KeyError):
-                    parent = table[pid][0]
-                    probe = b"smhvd.preflight.probe" in Path(f"/proc/{pid}/cmdline").read_bytes()
-                    daemon = Path(f"/proc/{parent}/comm").read_text() == "orted\n"
-                    if probe and daemon and parent not in killed:
-                        return parent
-            return None if not done.is_set() else -1
+        def watch(done: threading.Event) -> None:
+            def daemon_with_a_probe() -> int | None:
+                table = read_process_table()
+                for pid in filter(_is_probe, host.processes()):
+                    with contextlib.suppress(OSError, KeyError):
+                        parent = table[pid][0]
+                        if Path(f"/proc/{parent}/comm").read_text() == "orted\n" and parent not in killed:
+                            return parent
+                return None if not done.is_set() else -1
 
-        def watch() -> None:
             while len(killed) < times:
                 daemon = wait_for(
                     daemon_with_a_probe, "algo-2's probe under orted", RUN_TIMEOUT, max_delay=0.005
@@ -266,13 +273,8 @@ def daemon_killed(times: int) -> Fault:
                 os.kill(daemon, signal.SIGKILL)
                 killed.append(daemon)
 
-        thread = threading.Thread(target=watch, daemon=True)
-        thread.start()
-        try:
+        with in_background(watch):
             yield {}
-        finally:
-            done.set()
-            thread.join(5)
         assert len(killed) == times  # the fault happened as many times as asked
 
     return fault
@@ -390,20 +392,15 @@ def frozen_host(setup: Setup) -> Iterator[dict[str, str]]:
     said ready), and let go (SIGCONT) once the leader has ended: a host that hung after it said ready."""
     cluster = setup.cluster
     host, leader = cluster.host("algo-3"), cluster.host("algo-1")
-    done = threading.Event()
     stopped: list[int] = []
-
-    def probes_started() -> bool | None:
-        for pid in leader.processes():
-            with contextlib.suppress(OSError):
-                if b"smhvd.preflight.probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    return True
-        return False if done.is_set() else None
 
     def leader_ended() -> bool | None:
         return True if not any(map(_is_train, leader.processes())) else None
 
-    def freeze_then_thaw() -> None:
+    def freeze_then_thaw(done: threading.Event) -> None:
+        def probes_started() -> bool | None:
+            return True if any(map(_is_probe, leader.processes())) else (False if done.is_set() else None)
+
         try:
             if wait_for(probes_started, "the pre-flight's mpirun on algo-1", RUN_TIMEOUT, max_delay=0.005):
                 for pid in host.processes():
@@ -418,13 +415,8 @@ def frozen_host(setup: Setup) -> Iterator[dict[str, str]]:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGCONT)
 
-    thread = threading.Thread(target=freeze_then_thaw, daemon=True)
-    thread.start()
-    try:
+    with in_background(freeze_then_thaw, join=RUN_TIMEOUT):
         yield {}
-    finally:
-        done.set()
-        thread.join(RUN_TIMEOUT)
 
 
 # Each failure: the host at fault, what the failure file's first line begins with, every host's exit code.
