@@ -260,7 +260,9 @@ def _unfinished(
     """Hosts missing (silent, or where the probes' MPI job failed) and hosts that ran to the bound; why."""
     hosts = collected.hosts
     not_done = [r for r in range(len(hosts)) if r not in collected.done]
-    if collected.failed and not_done:
+    # A probe's own error line is evidence too when mpirun hangs on it to the bound (the other probes wait in
+    # MPI_Init for the one that failed, and none is heard from): the line's host is named, not every host.
+    if not_done and (collected.failed or probe_error_host(collected.other, hosts) is not None):
         return _blame(collected, not_done, seconds), {}
     silent = set(collected.silent(min(silence, timeout)))
     missing: dict[str, str] = {}
@@ -311,6 +313,16 @@ def mpirun_message(lines: Iterable[bytes]) -> str:
     return whole if len(whole) <= MESSAGE_LIMIT else whole[: MESSAGE_LIMIT - 3] + "..."
 
 
+def probe_error_host(lines: Iterable[bytes], hosts: Sequence[str]) -> str | None:
+    """The host whose probe printed the first error line (Open MPI's, from MPI_Init: mpirun tags it with the
+    rank; a healthy probe's warning is not one), else None. Pure."""
+    for line in lines:
+        tag = _TAG.match(line)
+        if tag and int(tag.group(1)) < len(hosts) and _ERROR_WORD.search(line.decode(errors="replace")):
+            return hosts[int(tag.group(1))]
+    return None
+
+
 def blamed_host(lines: Iterable[bytes], hosts: Sequence[str]) -> str | None:
     """The host mpirun's own text names as where the job failed: the rank it says failed first (its host),
     else the rank whose probe printed the first error line (mpirun tags it; a healthy probe's warning is not
@@ -323,10 +335,9 @@ def blamed_host(lines: Iterable[bytes], hosts: Sequence[str]) -> str | None:
         return failed.host
     if failed is not None and failed.rank is not None and 0 <= failed.rank < len(hosts):
         return hosts[failed.rank]
-    for tagged, line in zip(raw, text, strict=True):  # a probe's own error output (from MPI_Init), tagged
-        tag = _TAG.match(tagged)
-        if tag and int(tag.group(1)) < len(hosts) and _ERROR_WORD.search(line):
-            return hosts[int(tag.group(1))]
+    erring = probe_error_host(raw, hosts)
+    if erring is not None:
+        return erring
     for line in text:
         if "HNP" in line:
             continue

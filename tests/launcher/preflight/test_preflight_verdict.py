@@ -514,6 +514,20 @@ def test_a_failed_probe_job_names_only_the_host_the_evidence_points_at() -> None
     ]
 
 
+def test_a_probe_error_while_mpirun_hangs_to_the_bound_names_its_host_alone() -> None:
+    """Seen in CI: algo-3's MPI_Init failed (its /tmp full), mpirun did not exit, the other probes waited in
+    MPI_Init for it, and at the bound nobody had been heard from. The error line is evidence about algo-3;
+    the others, the leader first, are not named for waiting on it."""
+    collected = Collected(HOSTS)
+    collected.feed(b"[1,2]<stderr>:[algo-3:00304] PMIX ERROR: ERROR in file gds_ds12_lock_pthread.c\n")
+    collected.feed(b"It looks like orte_init failed for some reason\n")  # mpirun still runs: no exit code
+    verdict = judge(findings_of(collected, 30.0, 30.0, 10.0, dict.fromkeys(HOSTS, ("", None))), OPTIONS)
+    assert [n.host for n in verdict.named] == ["algo-3"]
+    assert verdict.named[0].reason.startswith("the pre-flight's MPI job failed there: [1,2]<stderr>:[algo-3:")
+    hung = Collected(HOSTS)  # no evidence at all: every host silent is named, as before
+    assert [n.host for n in judge(findings_of(hung, 30.0, 30.0, 10.0, {}), OPTIONS).named] == list(HOSTS)
+
+
 def collected_after(said: str, done: range) -> Collected:
     collected = Collected(HOSTS)
     for rank in done:
