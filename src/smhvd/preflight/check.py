@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +17,8 @@ from smhvd.mpi.command import MpiPlan
 from smhvd.proc.signals import SignalWatch
 from smhvd.wire import PREFLIGHT_SPEC
 
-from .runner import SILENCE, findings_of, lost_daemon, probe_argv, probe_program, run_probes
+from .launch import launch_limit
+from .runner import SILENCE, findings_of, lost_daemon, probe_argv, probe_program, run_probes, stalled_launch
 from .verdict import Verdict, judge, table
 
 log = logging.getLogger("smhvd")
@@ -66,16 +68,21 @@ def run_preflight(
     argv = probe_argv(plan, hosts, run_dir) if several else probe_program()
     log.debug("pre-flight of %d host(s) (up to %gs)", len(hosts), options.timeout)
     probe_env = {**env, PREFLIGHT_SPEC: spec(job, hosts)}
-    collected, seconds = run_probes(argv, probe_env, hosts, options.timeout, signals=signals)
+    first = launch_limit(options.timeout) if several else None
+    collected, seconds = run_probes(
+        argv, probe_env, hosts, options.timeout, signals=signals, launch_limit=first
+    )
     lost = lost_daemon(collected) if several and seconds < options.timeout else None
-    if lost is not None:  # a dropped connection, or a host that cannot keep one: a second attempt tells
-        log.info("pre-flight: mpirun lost one of its daemons; checking once more")
+    stalled = stalled_launch(collected) if several and lost is None else None
+    first_attempt = lost or stalled
+    if first_attempt is not None:  # a dropped connection or a stalled launch: a second attempt tells
+        log.info("pre-flight: %s; checking once more", stalled or "mpirun lost one of its daemons")
         left = options.timeout - seconds
-        collected, again = run_probes(argv, probe_env, hosts, left, signals=signals)
+        collected, again = run_probes(argv, probe_env, hosts, left, signals=signals, launch_limit=math.inf)
         seconds += again
     found = findings_of(collected, seconds, options.timeout, SILENCE, groups(job), plan.slots)
-    if lost is not None:
-        found = dataclasses.replace(found, first_attempt=lost)
+    if first_attempt is not None:
+        found = dataclasses.replace(found, first_attempt=first_attempt)
     verdict = judge(found, options)
     log_verdict(verdict)
     return verdict

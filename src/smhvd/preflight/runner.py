@@ -5,6 +5,8 @@ as they come, and end it within its bounds:
 - every probe said `done`: the verdict at once;
 - a host falls silent (no beat for `silence` seconds, or none at all that long after the first host spoke)
   while another still beats: it stopped answering; the probes are ended and it is named, never waited for;
+- no probe has said a word a third of the way into the bound (at most launch.LAUNCH_LIMIT) and mpirun has
+  not started this host's probe: its launch stalled (launch.py); it is ended, and the check tries once more;
 - the bound (launcher_preflight_timeout_seconds) passes: hosts still silent are named, else those not done.
 
 Whatever ended it, the probe's process tree is gone when this returns (proc/steps.end_tree).
@@ -37,11 +39,12 @@ from smhvd.proc.steps import end_tree
 from smhvd.proc.timers import Timer, Timers
 from smhvd.wire import PREFLIGHT_BEAT, PREFLIGHT_MARK, PREFLIGHT_SPEC
 
+from . import launch
 from .facts import HostFacts, is_number, map_of, read_facts
+from .launch import PROBE_MODULE, Launch
 from .verdict import Findings
 
 log = logging.getLogger("smhvd")
-PROBE_MODULE = "smhvd.preflight.probe"
 SILENCE = 10.0  # a probe silent this long (20 beats) while another beats has stopped answering
 MPIRUN_LINES = 200  # mpirun's own lines kept (its messages are 10-30 lines)
 MESSAGE_LIMIT = 1500  # characters of mpirun's message in a reason and the notes
@@ -106,6 +109,7 @@ class Collected:
     phases: dict[int, dict[str, float]] = field(default_factory=dict)  # rank -> finding -> its probe's time
     other: deque[bytes] = field(default_factory=lambda: deque(maxlen=MPIRUN_LINES))  # mpirun's own lines
     exit_code: int | None = None  # mpirun's, when it exited by itself
+    launch: Launch | None = None  # mpirun's launch, as seen when no probe had said a word (launch.py)
     abort_notice: str | None = None  # Open MPI said the job aborts: nothing more will come
     _rest: bytes = b""
 
@@ -173,9 +177,11 @@ def run_probes(
     timeout: float,
     silence: float = SILENCE,
     signals: SignalWatch | None = None,
+    launch_limit: float | None = None,
 ) -> tuple[Collected, float]:
     """Run the probe command to its end or its bounds; what each rank said, and the seconds it took.
-    `signals` (the leader's SignalWatch): a stop ends the pre-flight with Stopped."""
+    `signals` (the leader's SignalWatch): a stop ends the pre-flight with Stopped. `launch_limit` (mpirun
+    over several hosts): no word from any probe by then, and this host's probe not started, ends it."""
     collected = Collected(tuple(hosts))
     started = time.monotonic()
     before = set(descendants())
@@ -191,7 +197,9 @@ def run_probes(
     )
     assert proc.stdout is not None
     try:
-        timers = _watching(collected, min(silence, timeout), signals)
+        timers = _watching(
+            collected, min(silence, timeout), signals, _Launching(proc.pid, started, launch_limit)
+        )
         if follow_output(
             proc.pid,
             [proc.stdout.fileno()],
@@ -200,6 +208,8 @@ def run_probes(
             started + timeout,
         ):
             collected.exit_code = proc.poll()
+        elif launch_limit is not None and collected.first_word is None:  # the bound, and not a word
+            collected.launch = launch.inspect(proc.pid, hosts, time.monotonic() - started)
     except _Silent:
         pass
     finally:
@@ -209,14 +219,39 @@ def run_probes(
     return collected, time.monotonic() - started
 
 
-def _watching(collected: Collected, limit: float, signals: SignalWatch | None) -> Timers:
-    """What the wait for the probes does meanwhile, every half beat: end it when a rank fell silent or Open
-    MPI said it aborts (_Silent), or on a stop (Stopped)."""
+@dataclass
+class _Launching:
+    """The launch's watch: once, at `limit` seconds with no word from any probe, a look at mpirun."""
+
+    mpirun: int
+    started: float
+    limit: float | None
+
+    def check(self, collected: Collected) -> None:
+        """_Silent (collected.launch set) when mpirun's launch stalled: no probe heard, none started here."""
+        if self.limit is None or collected.first_word is not None:
+            return
+        seconds = time.monotonic() - self.started
+        if seconds < self.limit:
+            return
+        self.limit = None  # one look: a launch that was done (this host's probe ran) is judged at the bound
+        seen = launch.inspect(self.mpirun, collected.hosts, seconds, ended_it=True)
+        if not seen.probe_ran:
+            collected.launch = seen
+            raise _Silent
+
+
+def _watching(
+    collected: Collected, limit: float, signals: SignalWatch | None, launching: _Launching
+) -> Timers:
+    """What the wait for the probes does meanwhile, every half beat: end it when a rank fell silent, Open
+    MPI said it aborts or the launch stalled (_Silent), or on a stop (Stopped)."""
 
     def check() -> None:
         if signals is not None and signals.stop_requested():
             raise Stopped("stopped during the pre-flight")
         collected.check(limit)
+        launching.check(collected)
 
     timers = Timers()
     timers.every(Timer("pre-flight checks"), PREFLIGHT_BEAT / 2, check)
@@ -264,6 +299,8 @@ def _unfinished(
     # MPI_Init for the one that failed, and none is heard from): the line's host is named, not every host.
     if not_done and (collected.failed or probe_error_host(collected.other, hosts) is not None):
         return _blame(collected, not_done, seconds), {}
+    if collected.launch is not None and not collected.launch.probe_ran and not collected.heard:
+        return launch.stall_reasons(collected.launch, hosts), {}  # the hosts mpirun's launch waited on
     silent = set(collected.silent(min(silence, timeout)))
     missing: dict[str, str] = {}
     unfinished: dict[str, str] = {}
@@ -304,6 +341,16 @@ def lost_daemon(collected: Collected) -> str | None:
     said = mpirun_message(collected.other)
     unfinished = len(collected.done) < len(collected.hosts)
     return said if collected.failed and unfinished and LOST_DAEMON in said else None
+
+
+def stalled_launch(collected: Collected) -> str | None:
+    """How the attempt ended when mpirun's launch stalled before the bound (no probe started anywhere), else
+    None: once, the check runs again (check.py); seen once in SDK local mode, where the job's own mpirun then
+    ran. Pure."""
+    seen = collected.launch
+    if seen is None or seen.probe_ran or not seen.ended_it:
+        return None
+    return launch.stall_note(seen, collected.hosts)
 
 
 def mpirun_message(lines: Iterable[bytes]) -> str:

@@ -54,7 +54,7 @@ class Findings:
     nccl_net: Mapping[str, NcclNet] = field(default_factory=dict)  # host -> the network NCCL will use
     ranks_per_host: int = 1
     mpirun_said: str = ""  # mpirun's own message, whole, when its job failed or a host is missing
-    first_attempt: str = ""  # mpirun's message when the check's first attempt lost a daemon and it ran again
+    first_attempt: str = ""  # how the first attempt ended when it lost a daemon or its launch stalled
     links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # dst -> src -> MB/s
     # dst -> src -> CPU share: slow links no alone measurement could judge, an end never having had its CPU
     busy_links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)

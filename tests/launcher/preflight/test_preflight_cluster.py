@@ -280,6 +280,33 @@ def daemon_killed(times: int) -> Fault:
     return fault
 
 
+def daemon_stalled(times: int) -> Fault:
+    @contextlib.contextmanager
+    def fault(setup: Setup) -> Iterator[dict[str, str]]:
+        """algo-3's Open MPI daemon does not start in the first `times` launches: an `orted` first on its PATH
+        waits instead (the worker ends it with the job), then runs the real one. mpirun starts no process
+        anywhere until every host's daemon has reported, so no probe says a word."""
+        tools = setup.shared / f"stalled-orted-{times}"
+        tools.mkdir(exist_ok=True)
+        launches = tools / "launches"
+        launches.write_text("")
+        orted = tools / "orted"
+        orted.write_text(
+            f"#!/bin/sh\necho launch >> {launches}\n"
+            f'[ "$(wc -l < {launches})" -gt {times} ] && exec /usr/bin/orted "$@"\n'
+            "exec sleep 600\n"
+        )
+        orted.chmod(0o755)
+        in_host(setup.cluster, "algo-3", "mount", "--bind", str(tools), "/usr/local/sbin")
+        try:
+            yield {}
+        finally:
+            in_host(setup.cluster, "algo-3", "umount", "/usr/local/sbin")
+        assert len(launches.read_text().splitlines()) >= times  # it stalled as often as asked
+
+    return fault
+
+
 FAULTS: dict[str, tuple[Fault, str, str]] = {
     "rate-limited link": (slow_link, "algo-3", "slow network"),
     "small /dev/shm": (small_shm, "algo-2", "/dev/shm has"),
@@ -445,6 +472,12 @@ FAILURES: dict[str, tuple[Fault, str, str, dict[str, int]]] = {
         "pre-flight named algo-2: the pre-flight's MPI job failed there: ORTE has lost communication",
         dict.fromkeys(HOSTS, 75),
     ),
+    "a worker's Open MPI daemon stalled at launch in both attempts": (
+        daemon_stalled(2),
+        "algo-3",
+        "pre-flight named algo-3: its Open MPI daemon (orted) did not connect back to mpirun within",
+        dict.fromkeys(HOSTS, 75),
+    ),
     "a host's nvidia-smi prints bytes that are not UTF-8": (
         garbled_nvidia_smi,
         "algo-4",
@@ -475,11 +508,30 @@ def test_a_failure_during_the_check_names_its_host_and_not_the_leader(setup: Set
         assert [n["host"] for n in preflight["named"]] == [bad], figures(preflight)
 
 
-def test_a_daemon_lost_once_is_a_note_and_the_job_runs(setup: Setup) -> None:
-    """mpirun losing a worker's daemon once (a connection that dropped) is checked once more: the second
-    attempt finds every host fine, nobody is named, the job runs, and the first attempt's message is a
-    note."""
-    with daemon_killed(1)(setup) as env:
+# A fault in the pre-flight's first attempt only: the host in its note, how the note and the log line begin.
+ONCE: dict[str, tuple[Fault, str, str, str]] = {
+    "a daemon lost": (
+        daemon_killed(1),
+        "algo-2",
+        "the check ran twice; its first attempt ended with: ORTE has",
+        "pre-flight: mpirun lost one of its daemons; checking once more",
+    ),
+    "a launch stalled": (
+        daemon_stalled(1),
+        "algo-3",
+        "the check ran twice; its first attempt ended with: mpirun started no probe within",
+        "pre-flight: mpirun started no probe within",
+    ),
+}
+
+
+@pytest.mark.parametrize("once", list(ONCE))
+def test_a_failure_of_the_first_attempt_only_is_a_note_and_the_job_runs(setup: Setup, once: str) -> None:
+    """mpirun losing a worker's daemon once (a connection that dropped), or its launch stalling once (seen in
+    SDK local mode), is checked once more: the second attempt finds every host fine, nobody is named, the
+    job runs, and how the first attempt ended is a note naming the host."""
+    make, host, note, logged = ONCE[once]
+    with make(setup) as env:
         results = run_job(setup, "fail", env)
     cluster = setup.cluster
     preflight = summary_of(cluster)["preflight"]
@@ -489,8 +541,8 @@ def test_a_daemon_lost_once_is_a_note_and_the_job_runs(setup: Setup) -> None:
     assert marks(cluster) == [f"ran-{r}" for r in range(len(HOSTS))]
     notes = preflight["notes"]
     assert isinstance(notes, list)
-    first = [n for n in notes if n.startswith("the check ran twice; its first attempt ended with: ORTE has")]
-    assert len(first) == 1 and "algo-2" in first[0], notes
+    first = [n for n in notes if n.startswith(note)]
+    assert len(first) == 1 and host in first[0], notes
     log = results["algo-1"].log.read_text()
-    assert "pre-flight: mpirun lost one of its daemons; checking once more" in log
+    assert logged in log
     assert "pre-flight: all 4 host(s) fine" in log

@@ -1,0 +1,100 @@
+"""The pre-flight when no probe says a word: what the leader sees of mpirun's launch (launch.py), the hosts it
+names from that, and the stall that makes the check run once more. Through `train` on the simulated cluster:
+test_preflight_cluster.py (a worker's daemon that does not start)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+import pytest
+
+from smhvd.config.launcher_options import PreflightOptions
+from smhvd.preflight.launch import Launch, established_peers, launch_limit, stall_reasons, tcp_peers
+from smhvd.preflight.runner import Collected, findings_of, run_probes, stalled_launch
+from smhvd.preflight.verdict import judge
+
+HOSTS = ("algo-1", "algo-2", "algo-3", "algo-4")
+
+
+def row(remote: str, state: str, inode: int) -> str:
+    return f"   0: 0100007F:1F90 {remote} {state} 00000000:00000000 00:00000000 00000000 0 0 {inode} 1"
+
+
+def test_the_kernels_tcp_tables_are_read_as_established_peers_on_the_process_sockets() -> None:
+    rows = [
+        row("0200000A:D431", "01", 11),  # 10.0.0.2, established, this process's socket
+        row("0300000A:D431", "01", 99),  # another process's socket
+        row("0400000A:0000", "0A", 11),  # listening
+        row("0000000000000000FFFF00000500000A:D431", "01", 12),  # ::ffff:10.0.0.5, IPv4 mapped into IPv6
+        row("B80D0120000000000000000001000000:D431", "01", 13),  # 2001:db8::1
+        "garbage",
+    ]
+    if sys.byteorder != "little":
+        pytest.skip("the rows above are written as a little-endian kernel prints them")
+    assert established_peers(rows, {11, 12, 13}) == {"10.0.0.2", "10.0.0.5", "2001:db8::1"}
+
+
+def test_a_connection_of_this_process_is_seen_from_proc() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        try:
+            assert "127.0.0.1" in tcp_peers(os.getpid())
+        finally:
+            client.close()
+            accepted.close()
+    assert tcp_peers(2**22 + 7) == set()  # no such process: nothing, no exception
+
+
+def stalled(launch: Launch) -> Collected:
+    collected = Collected(HOSTS)
+    collected.launch = launch
+    return collected
+
+
+def test_a_stalled_launch_names_the_hosts_whose_daemon_never_connected_back_and_not_the_leader() -> None:
+    waiting = Launch(20.0, probe_ran=False, reached=frozenset({"algo-2", "algo-4"}), ended_it=True)
+    verdict = judge(findings_of(stalled(waiting), 20.0, 60.0, 10.0, {}), PreflightOptions())
+    assert [n.host for n in verdict.named] == ["algo-3"]
+    assert verdict.named[0].reason == (
+        "its Open MPI daemon (orted) did not connect back to mpirun within 20.0s, so mpirun started no "
+        "probe on any host"
+    )
+    every = Launch(20.0, probe_ran=False, reached=frozenset(HOSTS[1:]))  # mpirun itself did not go on
+    assert list(stall_reasons(every, HOSTS)) == ["algo-1"]
+    started = Launch(60.0, probe_ran=True, reached=frozenset(HOSTS[1:]))  # launched, and silent: as before
+    named = judge(findings_of(stalled(started), 60.0, 60.0, 10.0, {}), PreflightOptions()).named
+    assert [n.host for n in named] == list(HOSTS)
+    assert all(n.reason.startswith("did not answer") for n in named)
+
+
+def test_only_a_launch_that_stalled_before_the_bound_makes_the_check_run_again() -> None:
+    early = Launch(20.0, probe_ran=False, reached=frozenset({"algo-2", "algo-4"}), ended_it=True)
+    assert stalled_launch(stalled(early)) == (
+        "mpirun started no probe within 20.0s (no daemon connection from algo-3)"
+    )
+    assert stalled_launch(stalled(Launch(60.0, probe_ran=False, reached=frozenset()))) is None  # the bound
+    assert stalled_launch(stalled(Launch(20.0, probe_ran=True, reached=frozenset(), ended_it=True))) is None
+    assert stalled_launch(Collected(HOSTS)) is None
+    assert launch_limit(60.0) == 20.0 and launch_limit(30.0) == 10.0 and launch_limit(600.0) == 20.0
+
+
+@pytest.mark.integration
+def test_the_runner_ends_a_launch_that_started_nothing_and_waits_on_one_that_did() -> None:
+    """A command that never prints and starts no probe is ended at the launch limit; one whose probe runs
+    (a process named like it) and stays silent is waited on to the bound, as a launched check is."""
+    started = time.monotonic()
+    collected, _ = run_probes(["sleep", "30"], os.environ, HOSTS[:2], 20.0, launch_limit=0.5)
+    assert time.monotonic() - started < 5
+    assert collected.launch is not None and not collected.launch.probe_ran and collected.launch.ended_it
+    assert collected.launch.reached == frozenset()
+    script = '"$0" -c "import time; time.sleep(30)" smhvd.preflight.probe; true'
+    started = time.monotonic()
+    collected, seconds = run_probes(
+        ["sh", "-c", script, sys.executable], os.environ, HOSTS[:2], 2.0, launch_limit=0.5
+    )
+    assert seconds >= 2.0
+    assert collected.launch is not None and collected.launch.probe_ran and not collected.launch.ended_it
