@@ -20,8 +20,9 @@ from pathlib import Path
 from smhvd.proc.processes import cmdline, descendants
 
 PROBE_MODULE = "smhvd.preflight.probe"
-LAUNCH_SHARE = 1 / 3  # no probe heard this far into the bound (at most LAUNCH_LIMIT): the launch stalled
+LAUNCH_SHARE = 1 / 3  # no probe heard this far into the bound (5 to 20 s): the launch stalled
 LAUNCH_LIMIT = 20.0  # seconds; a healthy launch of 32 simulated hosts on 2 cores has its first word in ~3 s
+LAUNCH_FLOOR = 5.0  # a short bound (the option) does not end a launch that is merely slow
 _ESTABLISHED = "01"
 
 
@@ -40,7 +41,9 @@ class Launch:
 
 
 def launch_limit(timeout: float) -> float:
-    return min(LAUNCH_LIMIT, timeout * LAUNCH_SHARE)
+    """When no word from any probe means a stalled launch, for the check's bound `timeout` (a limit past the
+    bound never ends an attempt). Pure."""
+    return min(LAUNCH_LIMIT, max(LAUNCH_FLOOR, timeout * LAUNCH_SHARE))
 
 
 def stall_reasons(launch: Launch, hosts: Sequence[str]) -> dict[str, str]:

@@ -5,7 +5,7 @@ as they come, and end it within its bounds:
 - every probe said `done`: the verdict at once;
 - a host falls silent (no beat for `silence` seconds, or none at all that long after the first host spoke)
   while another still beats: it stopped answering; the probes are ended and it is named, never waited for;
-- no probe has said a word a third of the way into the bound (at most launch.LAUNCH_LIMIT) and mpirun has
+- no probe has said a word a third of the way into the bound (5 to 20 s: launch.launch_limit) and mpirun has
   not started this host's probe: its launch stalled (launch.py); it is ended, and the check tries once more;
 - the bound (launcher_preflight_timeout_seconds) passes: hosts still silent are named, else those not done.
 
