@@ -61,6 +61,7 @@ def main() -> None:
             spec = ClusterSpec(hosts=hosts, workdir=Path(tmp) / f"c{hosts}", code_dir=code)
             walls: dict[str, list[float]] = {"off": [], "warn": []}
             own: list[float] = []
+            first_words: list[float] = []
             named: Counter[str] = Counter()
             with Cluster(spec) as cluster:
                 for _ in range(args.repeats):
@@ -69,19 +70,31 @@ def main() -> None:
                         walls[policy].append(seconds)
                         if verdict is not None:
                             own.append(float(verdict["seconds"]))  # type: ignore[arg-type]
+                            if verdict.get("first_word_seconds") is not None:
+                                first_words.append(float(verdict["first_word_seconds"]))  # type: ignore[arg-type]
                             for item in verdict["named"]:  # type: ignore[attr-defined]
                                 named[f"{item['host']}: {item['reason'][:70]}"] += 1
             off, warn = statistics.median(walls["off"]), statistics.median(walls["warn"])
-            rows.append((hosts, off, warn, warn - off, statistics.median(own), sum(named.values())))
+            launch = max(first_words, default=float("nan"))
+            rows.append((hosts, off, warn, warn - off, statistics.median(own), launch, sum(named.values())))
             for what, count in sorted(named.items()):
                 print(f"  {hosts} hosts, named in a healthy run ({count}x): {what}", flush=True)
             print(f"{hosts} hosts done at {time.strftime('%H:%M:%S')}", flush=True)
     print(
         f"\npre-flight cost, median of {args.repeats} (leader's train wall, s; min_ratio {args.min_ratio:g})"
     )
-    print(f"{'hosts':>5}  {'off':>6}  {'warn':>6}  {'added':>6}  {'pre-flight':>10}  {'false alarms':>12}")
-    for hosts, off, warn, added, own_s, false in rows:
-        print(f"{hosts:>5}  {off:6.2f}  {warn:6.2f}  {added:+6.2f}  {own_s:10.2f}  {false:>12}")
+    print(
+        "(first word, slowest run: mpirun's start -> any probe's first line, i.e. its launch; the pre-flight"
+    )
+    print(" calls a launch with no word after a third of its bound, 5 to 20 s, stalled)")
+    header = (
+        f"{'off':>6}  {'warn':>6}  {'added':>6}  {'pre-flight':>10}  {'first word':>10}  {'false alarms':>12}"
+    )
+    print(f"{'hosts':>5}  {header}")
+    for hosts, off, warn, added, own_s, launch, false in rows:
+        print(
+            f"{hosts:>5}  {off:6.2f}  {warn:6.2f}  {added:+6.2f}  {own_s:10.2f}  {launch:10.2f}  {false:>12}"
+        )
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ class Collected:
 
     hosts: tuple[str, ...]
     clock: Callable[[], float] = time.monotonic
+    started: float | None = None  # when the probes' command started (the runner's clock)
     heard: dict[int, float] = field(default_factory=dict)
     first_word: float | None = None
     done: set[int] = field(default_factory=set)
@@ -182,8 +183,8 @@ def run_probes(
     """Run the probe command to its end or its bounds; what each rank said, and the seconds it took.
     `signals` (the leader's SignalWatch): a stop ends the pre-flight with Stopped. `launch_limit` (mpirun
     over several hosts): no word from any probe by then, and this host's probe not started, ends it."""
-    collected = Collected(tuple(hosts))
     started = time.monotonic()
+    collected = Collected(tuple(hosts), started=started)
     before = set(descendants())
     proc = subprocess.Popen(
         list(argv),
@@ -283,10 +284,15 @@ def findings_of(
         errors={h: str(f["error"]) for h, f in by_host.items() if f.get("error")},
         groups=groups,
         seconds=seconds,
+        first_word_seconds=_since(collected.started, collected.first_word),
         phases={hosts[r]: p for r, p in collected.phases.items()},
         ranks_per_host=ranks_per_host,
         mpirun_said=said if said and (missing or collected.exit_code not in (None, 0)) else "",
     )
+
+
+def _since(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
 
 
 def _unfinished(

@@ -67,6 +67,7 @@ class Findings:
     errors: Mapping[str, str] = field(default_factory=dict)  # host -> its probe's error
     groups: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)  # host -> (group, type)
     seconds: float = 0.0
+    first_word_seconds: float | None = None  # mpirun's start -> the first word of any probe (its launch)
     phases: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # host -> finding -> probe's time
 
     def group_of(self, host: str) -> str:
@@ -84,6 +85,7 @@ class Verdict:
     medians: Mapping[str, float | None]
     notes: tuple[str, ...]
     seconds: float
+    first_word_seconds: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -105,6 +107,9 @@ class Verdict:
             "medians": dict(self.medians),
             "notes": list(self.notes),
             "seconds": round(self.seconds, 3),
+            "first_word_seconds": None
+            if self.first_word_seconds is None
+            else round(self.first_word_seconds, 3),
         }
 
 
@@ -362,7 +367,7 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
     medians = {"link_mb_s": link_median, "rtt_ms": rtt_median, "gpu_busbw_gbps": gpu_median}
     if findings.gpu_cluster:
         medians["cluster_busbw_gbps"] = median(g.get("busbw_gbps") for g in findings.gpu_cluster.values())
-    return Verdict(named, rows, medians, notes, findings.seconds)
+    return Verdict(named, rows, medians, notes, findings.seconds, findings.first_word_seconds)
 
 
 def _row(findings: Findings, host: str, reasons: Sequence[str]) -> dict[str, Any]:

@@ -349,6 +349,7 @@ def test_a_healthy_cluster_names_no_host_and_the_job_runs(setup: Setup) -> None:
     assert isinstance(preflight, dict)
     assert {h: r.exit_code for h, r in results.items()} == dict.fromkeys(HOSTS, 0), figures(preflight)
     assert preflight["named"] == []
+    assert 0 < preflight["first_word_seconds"] < preflight["seconds"]  # mpirun's launch, within the check
     assert sorted(preflight["hosts"]) == sorted(HOSTS)
     assert marks(setup.cluster) == [f"ran-{r}" for r in range(len(HOSTS))]
     log = results["algo-1"].log.read_text()

@@ -15,6 +15,7 @@ from smhvd.config.launcher_options import PreflightOptions
 from smhvd.preflight.launch import Launch, established_peers, launch_limit, stall_reasons, tcp_peers
 from smhvd.preflight.runner import Collected, findings_of, run_probes, stalled_launch
 from smhvd.preflight.verdict import judge
+from smhvd.wire import PREFLIGHT_MARK
 
 HOSTS = ("algo-1", "algo-2", "algo-3", "algo-4")
 
@@ -69,6 +70,17 @@ def test_a_stalled_launch_names_the_hosts_whose_daemon_never_connected_back_and_
     named = judge(findings_of(stalled(started), 60.0, 60.0, 10.0, {}), PreflightOptions()).named
     assert [n.host for n in named] == list(HOSTS)
     assert all(n.reason.startswith("did not answer") for n in named)
+
+
+def test_the_summary_says_how_long_mpirun_took_to_its_first_probe_word() -> None:
+    now = [100.0]
+    collected = Collected(HOSTS, clock=lambda: now[0], started=97.5)
+    assert findings_of(collected, 5.0, 60.0, 10.0, {}).first_word_seconds is None  # nobody spoke
+    collected.feed(b"[1,2]<stdout>:" + PREFLIGHT_MARK.encode() + b'{"beat":true}\n')
+    now[0] = 101.0
+    collected.feed(b"[1,1]<stdout>:" + PREFLIGHT_MARK.encode() + b'{"beat":true}\n')
+    verdict = judge(findings_of(collected, 5.0, 60.0, 10.0, {}), PreflightOptions())
+    assert verdict.to_json()["first_word_seconds"] == 2.5
 
 
 def test_only_a_launch_that_stalled_before_the_bound_makes_the_check_run_again() -> None:
