@@ -1,23 +1,29 @@
-"""What the leader can see of the pre-flight's mpirun when no probe has said a word: whether mpirun started
-this host's probe, and which hosts' Open MPI daemons (orted) have connected back to it.
+"""What the leader can see of an mpirun's launch: whether mpirun started this host's process (the pre-flight's
+probe, the job's rank), and which hosts' Open MPI daemons (orted) have connected back to it.
 
 mpirun starts no process anywhere until the daemon on every host has reported to it, over a TCP connection
 from that daemon to mpirun (a flat launch: `plm_rsh_no_tree_spawn`). So when no probe speaks and this host's
 probe never ran, the launch is waiting on daemons, and a host with no connection to mpirun is where it
 waits: the evidence that names that host and not the leader (runner._unfinished), and the sign of a launch
-that stalled, which the check tries once more (check.py).
+that stalled, which the check tries once more (check.py). The job's own mpirun is watched the same way
+(JobLaunch): a launch still waiting on daemons after LAUNCH_LIMIT is a warning naming their hosts, where it
+would otherwise be a silent hang.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from smhvd.proc.processes import cmdline, descendants
+from smhvd.proc.processes import cmdline, descendants, is_rank_wrapper
+
+log = logging.getLogger("smhvd")
 
 PROBE_MODULE = "smhvd.preflight.probe"
 LAUNCH_SHARE = 1 / 3  # no probe heard this far into the bound (5 to 20 s): the launch stalled
@@ -74,6 +80,34 @@ def inspect(mpirun: int, hosts: Sequence[str], seconds: float, ended_it: bool = 
     peers = tcp_peers(mpirun)
     reached = frozenset(h for h in hosts[1:] if addresses(h) & peers)
     return Launch(seconds, probe_ran, reached, ended_it)
+
+
+class JobLaunch:
+    """The job's mpirun, looked at from the leader's heartbeat until its launch is seen done (a rank of it
+    runs here, or every daemon has connected back): past LAUNCH_LIMIT with daemons still not connected, one
+    warning names their hosts. It ends nothing: a launch that is slow, not stuck, still runs."""
+
+    def __init__(self, hosts: Sequence[str], clock: Callable[[], float] = time.monotonic) -> None:
+        self.hosts, self.clock, self.started = tuple(hosts), clock, clock()
+        self.done = len(self.hosts) < 2
+
+    def check(self) -> None:
+        seconds = self.clock() - self.started
+        if self.done or seconds < LAUNCH_LIMIT:
+            return
+        self.done = True  # one look past the limit: a warning at most once
+        mine = descendants()
+        mpirun = next((p for p in mine if Path((cmdline(p) or [""])[0]).name == "mpirun"), None)
+        if mpirun is None or any(map(is_rank_wrapper, mine)):
+            return
+        waiting = inspect(mpirun, self.hosts, seconds).waiting_on(self.hosts)
+        if waiting:
+            log.warning(
+                "mpirun has started no rank after %.0fs: it waits for the Open MPI daemon (orted) on %s, "
+                "which has not connected back to it (ssh to that host, or orted there, is stuck)",
+                seconds,
+                ", ".join(waiting),
+            )
 
 
 def addresses(host: str) -> set[str]:

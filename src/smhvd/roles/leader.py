@@ -32,6 +32,7 @@ from smhvd.mpi.command import SSH_CONFIG, MpiPlan, build_mpirun_argv, display, p
 from smhvd.mpi.output import parse_mpirun_verdict
 from smhvd.mpi.supervisor import Outcome, supervise
 from smhvd.preflight.check import run_preflight
+from smhvd.preflight.launch import JobLaunch
 from smhvd.preflight.verdict import Verdict
 from smhvd.proc.signals import SignalWatch
 from smhvd.report import failure, summary
@@ -142,6 +143,7 @@ class Leader:
         self.keep: Sequence[int] = ()  # supervise's Role: the link sessions are this leader's to reap
         self.dumps = Dumps(lambda _why: None)
         self.told: dict[str, bool] = {}  # whom the job's end reached
+        self.launch = JobLaunch(())  # the job's mpirun's launch, looked at from the heartbeat
 
     def __enter__(self) -> Leader:
         if self.job.multi_host:
@@ -181,6 +183,7 @@ class Leader:
         self.state = State.ENDED
 
     def heartbeat(self) -> None:
+        self.launch.check()
         if self.linking is not None:
             self.linking.tell(Event(ALIVE))
 
@@ -246,6 +249,7 @@ class Leader:
             self.job.resources.current_host, self.job.paths.output_data_dir, plan.hosts[1:], plan.ssh_config
         )
         self.dumps = Dumps(stacks.start, stacks.finished, self.job.options.launcher.hang_dump_seconds)
+        self.launch = JobLaunch(plan.hosts if plan.multi_host else ())
         result = supervise(argv, env, code_dir, watch, self)
         stacks.finish(STOP_DUMP_WAIT)
         return result, stacks.last_line

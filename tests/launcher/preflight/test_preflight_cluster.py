@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from smhvd.preflight.launch import LAUNCH_LIMIT
 from smhvd.proc.processes import read_process_table
 from smhvd_sim import Cluster, ClusterSpec
 from smhvd_sim.jobs import HostResult
@@ -280,12 +281,12 @@ def daemon_killed(times: int) -> Fault:
     return fault
 
 
-def daemon_stalled(times: int) -> Fault:
+def daemon_stalled(times: int, wait: str = "exec sleep 600") -> Fault:
     @contextlib.contextmanager
     def fault(setup: Setup) -> Iterator[dict[str, str]]:
         """algo-3's Open MPI daemon does not start in the first `times` launches: an `orted` first on its PATH
-        waits instead (the worker ends it with the job), then runs the real one. mpirun starts no process
-        anywhere until every host's daemon has reported, so no probe says a word."""
+        runs `wait` instead (by default it waits until the worker ends it with the job), then the real one.
+        mpirun starts no process anywhere until every host's daemon has reported, so no rank or probe runs."""
         tools = setup.shared / f"stalled-orted-{times}"
         tools.mkdir(exist_ok=True)
         launches = tools / "launches"
@@ -294,7 +295,7 @@ def daemon_stalled(times: int) -> Fault:
         orted.write_text(
             f"#!/bin/sh\necho launch >> {launches}\n"
             f'[ "$(wc -l < {launches})" -gt {times} ] && exec /usr/bin/orted "$@"\n'
-            "exec sleep 600\n"
+            f"{wait}\n"
         )
         orted.chmod(0o755)
         in_host(setup.cluster, "algo-3", "mount", "--bind", str(tools), "/usr/local/sbin")
@@ -547,3 +548,18 @@ def test_a_failure_of_the_first_attempt_only_is_a_note_and_the_job_runs(setup: S
     log = results["algo-1"].log.read_text()
     assert logged in log
     assert "pre-flight: all 4 host(s) fine" in log
+
+
+def test_the_jobs_own_launch_waiting_on_a_daemon_is_a_warning_naming_its_host(setup: Setup) -> None:
+    """The pre-flight off, algo-3's Open MPI daemon starts only after the launch limit: the leader says once
+    which host mpirun's launch waits on (algo-3, no other), where it was a silent wait, and the job runs."""
+    late = f'sleep {LAUNCH_LIMIT + 6:g}; exec /usr/bin/orted "$@"'
+    with daemon_stalled(1, late)(setup) as env:
+        results = run_job(setup, "off", env)
+    assert {h: r.exit_code for h, r in results.items()} == dict.fromkeys(HOSTS, 0)
+    assert marks(setup.cluster) == [f"ran-{r}" for r in range(len(HOSTS))]
+    log = results["algo-1"].log.read_text()
+    said = [line for line in log.splitlines() if "mpirun has started no rank after" in line]
+    assert len(said) == 1 and "WARNING" in said[0], log[-3000:]
+    assert "Open MPI daemon (orted) on algo-3, which" in said[0]
+    assert not any(h in said[0] for h in ("algo-1", "algo-2", "algo-4")), said[0]
