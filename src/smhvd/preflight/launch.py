@@ -3,11 +3,12 @@ probe, the job's rank), and which hosts' Open MPI daemons (orted) have connected
 
 mpirun starts no process anywhere until the daemon on every host has reported to it, over a TCP connection
 from that daemon to mpirun (a flat launch: `plm_rsh_no_tree_spawn`). So when no probe speaks and this host's
-probe never ran, the launch is waiting on daemons, and a host with no connection to mpirun is where it
-waits: the evidence that names that host and not the leader (runner._unfinished), and the sign of a launch
-that stalled, which the check tries once more (check.py). The job's own mpirun is watched the same way
-(JobLaunch): a launch still waiting on daemons after LAUNCH_LIMIT is a warning naming their hosts, where it
-would otherwise be a silent hang.
+probe never ran, the launch is waiting on daemons, and a host with no connection to mpirun is where it waits
+(each daemon keeps that connection while the job runs, whatever Open MPI's routing tree: measured on 4
+simulated hosts with `routed_radix 1`). That is the evidence that names that host and not the leader
+(runner._unfinished), and the sign of a launch that stalled, which the check tries once more (check.py). The
+job's own mpirun is watched the same way (JobLaunch): a launch still waiting on daemons after LAUNCH_LIMIT is
+a warning naming their hosts, where it would otherwise be a silent hang.
 """
 
 from __future__ import annotations
