@@ -76,12 +76,12 @@ def descendants(root: int | None = None) -> list[int]:
     return descendants_of(os.getpid() if root is None else root, read_process_table())
 
 
-def own_trees() -> set[int]:
-    """This process's children in its own session and everything below them: what it started itself (a
-    worker's sshd, the leader's ssh sessions). An orphan re-parented to it (a daemon a step left) comes from
-    another session: a step runs in a session of its own."""
-    me, table = os.getpid(), read_process_table()
-    mine = os.getsid(0)
+def own_trees(table: Mapping[int, tuple[int, str]]) -> set[int]:
+    """This process's children in its own session and everything below them, in `table` (the same look at
+    /proc the caller judges by: what is forked between two looks would be in one and not the other): what it
+    started itself (a worker's sshd, the leader's ssh sessions). An orphan re-parented to it (a daemon a step
+    left) comes from another session: a step runs in a session of its own."""
+    me, mine = os.getpid(), os.getsid(0)
     own = set()
     for pid, (ppid, _) in table.items():
         if ppid == me and (fields := _stat_fields(Path(f"/proc/{pid}/stat"))) and int(fields[3]) == mine:

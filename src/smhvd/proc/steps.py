@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smhvd.proc.loop import follow_output, wait_exits
-from smhvd.proc.processes import descendants, die_with_parent, is_alive, own_trees, signal_pids
+from smhvd.proc.processes import (
+    descendants,
+    descendants_of,
+    die_with_parent,
+    is_alive,
+    own_trees,
+    read_process_table,
+    signal_pids,
+)
 
 OUTPUT_LIMIT = 1 << 20  # of each stream, the first and the last half of this many bytes are kept
 STOP_GRACE = 3.0  # SIGTERM, then SIGKILL this long after to what ignored it (as mpirun after an abort)
@@ -187,9 +195,11 @@ class _HeadAndTail:
 
 def _started_since(before: set[int]) -> list[int]:
     """What the step started: every process below this one since it began, but what this process started
-    itself meanwhile (the links that run beside the preparation: processes.own_trees)."""
-    own = own_trees()
-    return [pid for pid in descendants() if pid not in before and pid not in own]
+    itself meanwhile (the links that run beside the preparation: processes.own_trees), both read from one
+    look at /proc: a worker's sshd forks orted and its probe while the worker's steps run."""
+    table = read_process_table()
+    own = own_trees(table)
+    return [pid for pid in descendants_of(os.getpid(), table) if pid not in before and pid not in own]
 
 
 def _signal_tree(proc: subprocess.Popen[bytes], pids: Iterable[int], sig: int) -> None:

@@ -267,3 +267,52 @@ def test_what_the_launcher_starts_itself_while_a_step_runs_is_not_the_steps(tmp_
     result = finish(driver)
     assert result["returncode"] == 0
     assert result["beside"] is True
+
+
+# A worker's sshd forks while the worker's own steps run (the leader's mpirun starts orted under it, orted
+# its probe): an own child (the launcher's session) that forks short-lived children as fast as it can, each
+# exiting 0 by itself, and writes down each one that died of a signal instead.
+FORKER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    killed = open(sys.argv[1], "a")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(0.005)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status):
+            killed.write(f"{os.WTERMSIG(status)}\\n")
+            killed.flush()
+    """
+)
+FORKING_BESIDE = DRIVER.replace(
+    "    r = run_step(json.loads(sys.argv[1]), timeout=float(sys.argv[2]) if sys.argv[2] else None)",
+    "    import subprocess\n"
+    f"    forker = subprocess.Popen([sys.executable, '-c', {FORKER!r}, sys.argv[3]])\n"
+    "    for _ in range(int(sys.argv[4])):\n"
+    "        r = run_step(json.loads(sys.argv[1]))\n"
+    "    forker.terminate()\n"
+    "    forker.wait()",
+)
+
+
+@pytest.mark.integration
+def test_a_step_that_ends_never_kills_what_an_own_child_forks_meanwhile(tmp_path):
+    """Seen in SDK local mode: a worker's code download (a step) ended while the leader's pre-flight started
+    orted under the worker's sshd, and the step's end killed it (mpirun lost its daemon, or its launch
+    stalled). Which processes are the launcher's own was read from one look at /proc and the step's
+    from another: what was forked between the two was the step's, and killed."""
+    (tmp_path / "tmp").mkdir()
+    killed = tmp_path / "killed"
+    killed.write_text("")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", FORKING_BESIDE, json.dumps(["true"]), "", str(killed), "30"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+    )
+    assert finish(driver)["returncode"] == 0
+    assert killed.read_text().split() == []  # not one child of the forker was killed by a step's end
