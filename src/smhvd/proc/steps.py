@@ -3,7 +3,9 @@ A step runs in its own session, the head and tail of its output kept (a probe re
 However the wait ends, nothing the step started is left: what it left behind is killed when it exits; at its
 deadline, or when an exception (errors.Stopped) reaches the wait, its group and everything started since it
 began get SIGTERM, then SIGKILL STOP_GRACE later ("since" is exact: the launcher is a child subreaper). Its
-TMPDIR is its own (`private_tmpdir`: pip keeps its pip-* directories on SIGTERM).
+TMPDIR is its own (`private_tmpdir`: pip keeps its pip-* directories on SIGTERM), and marks what it started:
+a daemon in a session of its own is the step's only when it carries that TMPDIR (on a worker, Open MPI's
+orted daemonizes under the launcher while its steps run, and is none of theirs).
 """
 
 from __future__ import annotations
@@ -81,16 +83,17 @@ def run_step(
         streams = [s for s in (proc.stdout, proc.stderr) if s is not None]
         kept = {s.fileno(): _HeadAndTail() for s in streams}  # stdout first, then stderr (dicts keep order)
         deadline = None if timeout is None else time.monotonic() + timeout
+        marker = f"TMPDIR={tmp}".encode()  # what the step starts carries it: a daemon it left is its
         try:
             finished = follow_output(
                 proc.pid, kept, lambda fd, data: kept[fd].add(data, echo), deadline=deadline
             )
             if finished:
-                _kill(proc, before)  # what it left behind
+                _kill(proc, before, marker)  # what it left behind
             else:
-                end_tree(proc, before)
+                end_tree(proc, before, marker)
         except BaseException:
-            end_tree(proc, before)
+            end_tree(proc, before, marker)
             raise
         finally:
             for stream in streams:
@@ -193,13 +196,27 @@ class _HeadAndTail:
         return bytes(self.head + (b"\n[...]\n" if self.dropped else b"") + self.tail)
 
 
-def _started_since(before: set[int]) -> list[int]:
-    """What the step started: every process below this one since it began, but what this process started
-    itself meanwhile (the links that run beside the preparation: processes.own_trees), both read from one
-    look at /proc: a worker's sshd forks orted and its probe while the worker's steps run."""
+def _started_since(before: set[int], step: int, marker: bytes | None = None) -> list[int]:
+    """What the step (pid `step`) started: every process below this one since it began, but what this process
+    started itself meanwhile (the links that run beside the preparation: processes.own_trees), both read from
+    one look at /proc: a worker's sshd forks orted and its probe while the worker's steps run. With `marker`
+    (an environment entry only the step's processes carry), a process in a session of its own must carry
+    it: Open MPI's orted daemonizes on a worker while the worker's steps run, and, re-parented to this
+    process (a subreaper), it is no step's."""
     table = read_process_table()
     own = own_trees(table)
-    return [pid for pid in descendants_of(os.getpid(), table) if pid not in before and pid not in own]
+    found = [pid for pid in descendants_of(os.getpid(), table) if pid not in before and pid not in own]
+    return found if marker is None else [pid for pid in found if _of_step(pid, step, marker)]
+
+
+def _of_step(pid: int, step: int, marker: bytes) -> bool:
+    """In the step's session, or carrying its marker in its environment (a daemon it left, in its own)."""
+    try:
+        if os.getsid(pid) == step:
+            return True
+        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
 
 
 def _signal_tree(proc: subprocess.Popen[bytes], pids: Iterable[int], sig: int) -> None:
@@ -215,27 +232,27 @@ def _reap(pids: Iterable[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
-def end_tree(proc: subprocess.Popen[bytes], before: set[int]) -> None:
-    """SIGTERM to the step's group and every process started since it began; SIGKILL STOP_GRACE later to
-    what is still alive; the step and the orphans it left reaped."""
-    _signal_tree(proc, _started_since(before), signal.SIGTERM)
-    _wait_gone(proc, before, STOP_GRACE)
-    _kill(proc, before)
+def end_tree(proc: subprocess.Popen[bytes], before: set[int], marker: bytes | None = None) -> None:
+    """SIGTERM to the step's group and every process started since it began (`marker`: _started_since);
+    SIGKILL STOP_GRACE later to what is still alive; the step and the orphans it left reaped."""
+    _signal_tree(proc, _started_since(before, proc.pid, marker), signal.SIGTERM)
+    _wait_gone(proc, before, STOP_GRACE, marker)
+    _kill(proc, before, marker)
 
 
-def _kill(proc: subprocess.Popen[bytes], before: set[int]) -> None:
+def _kill(proc: subprocess.Popen[bytes], before: set[int], marker: bytes | None = None) -> None:
     """SIGKILL to the step's group and every process started since it began; the step reaped."""
-    _signal_tree(proc, _started_since(before), signal.SIGKILL)
-    _wait_gone(proc, before, STOP_GRACE)
+    _signal_tree(proc, _started_since(before, proc.pid, marker), signal.SIGKILL)
+    _wait_gone(proc, before, STOP_GRACE, marker)
     proc.wait()
 
 
-def _wait_gone(proc: subprocess.Popen[bytes], before: set[int], timeout: float) -> None:
+def _wait_gone(proc: subprocess.Popen[bytes], before: set[int], timeout: float, marker: bytes | None) -> None:
     """Wait (bounded) until nothing started since the step began is alive, reaping the orphans among them:
     on the processes' pidfds, then a new look at the tree (what they forked meanwhile), until none is left."""
     deadline = time.monotonic() + timeout
     while True:
-        started = _started_since(before)
+        started = _started_since(before, proc.pid, marker)
         _reap(pid for pid in started if pid != proc.pid)
         alive = [pid for pid in started if is_alive(pid)]
         remaining = deadline - time.monotonic()

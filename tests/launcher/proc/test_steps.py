@@ -316,3 +316,48 @@ def test_a_step_that_ends_never_kills_what_an_own_child_forks_meanwhile(tmp_path
     )
     assert finish(driver)["returncode"] == 0
     assert killed.read_text().split() == []  # not one child of the forker was killed by a step's end
+
+
+# The driver, with Open MPI's way on a worker while the step runs: a process in the launcher's own session
+# (sshd) starts a daemon that leaves its session and its parent (orted --daemonize), re-parented to the
+# launcher (a subreaper). Prints whether that daemon outlived the step.
+DAEMONIZED_BESIDE = DRIVER.replace(
+    "    r = run_step(json.loads(sys.argv[1]), timeout=float(sys.argv[2]) if sys.argv[2] else None)",
+    "    import os, subprocess, threading, time\n"
+    "    daemonize = ('import os, sys, time\\n'\n"
+    "                 'if os.fork() == 0:\\n'\n"
+    "                 '    os.setsid()\\n'\n"
+    "                 '    open(sys.argv[1], \"w\").write(str(os.getpid()))\\n'\n"
+    "                 '    time.sleep(300)\\n')\n"
+    "    threading.Timer(0.5, subprocess.call, ([sys.executable, '-c', daemonize, sys.argv[3]],)).start()\n"
+    "    r = run_step(json.loads(sys.argv[1]))\n"
+    "    from smhvd.proc.processes import is_alive, signal_pids\n"
+    "    daemon = int(open(sys.argv[3]).read())\n"
+    "    alive = is_alive(daemon)\n"
+    "    signal_pids([daemon], 9)",
+).replace('print(json.dumps({"returncode"', 'print(json.dumps({"daemon_alive": alive, "returncode"')
+
+
+@pytest.mark.integration
+def test_a_daemon_started_beside_a_step_is_not_the_steps_though_it_is_re_parented_here(tmp_path):
+    """What failed the SDK local-mode test: on a worker, the leader's pre-flight started orted (which
+    daemonizes: its own session, re-parented to the worker's launcher) while the worker's EFA probe or code
+    download ran; that step's end killed it, and mpirun lost its daemon. A daemon the step itself leaves is
+    still ended (test_output_is_kept_and_what_the_step_left_is_killed)."""
+    (tmp_path / "tmp").mkdir()
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            DAEMONIZED_BESIDE,
+            json.dumps([sys.executable, "-c", "import time; time.sleep(2)"]),
+            "",
+            str(tmp_path / "daemon.pid"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+    )
+    result = finish(driver)
+    assert result["returncode"] == 0
+    assert result["daemon_alive"] is True
