@@ -82,6 +82,18 @@ def finish(driver: subprocess.Popen[str]) -> dict[str, object]:
     return json.loads(out)
 
 
+def run_driver(script: str, tmp_path: Path, *args: str) -> dict[str, object]:
+    """`script` (DRIVER, or one made from it) with `args`, tmp_path/tmp as its TMPDIR, to its end."""
+    (tmp_path / "tmp").mkdir()
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+    )
+    return finish(driver)
+
+
 def helpers(pids_file: Path) -> list[int]:
     return [int(p) for p in pids_file.read_text().split()]
 
@@ -257,14 +269,9 @@ BESIDE = (
 def test_what_the_launcher_starts_itself_while_a_step_runs_is_not_the_steps(tmp_path):
     """The leader reaches its workers while its pip runs: the ssh sessions it starts then (in its own session)
     outlived pip's step until a step's end killed every process started since it began."""
-    (tmp_path / "tmp").mkdir()
-    driver = subprocess.Popen(
-        [sys.executable, "-c", BESIDE, json.dumps([sys.executable, "-c", "import time; time.sleep(2)"]), ""],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+    result = run_driver(
+        BESIDE, tmp_path, json.dumps([sys.executable, "-c", "import time; time.sleep(2)"]), ""
     )
-    result = finish(driver)
     assert result["returncode"] == 0
     assert result["beside"] is True
 
@@ -305,16 +312,11 @@ def test_a_step_that_ends_never_kills_what_an_own_child_forks_meanwhile(tmp_path
     orted under the worker's sshd, and the step's end killed it (mpirun lost its daemon, or its launch
     stalled). Which processes are the launcher's own was read from one look at /proc and the step's
     from another: what was forked between the two was the step's, and killed."""
-    (tmp_path / "tmp").mkdir()
     killed = tmp_path / "killed"
     killed.write_text("")
-    driver = subprocess.Popen(
-        [sys.executable, "-c", FORKING_BESIDE, json.dumps(["true"]), "", str(killed), "30"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+    assert (
+        run_driver(FORKING_BESIDE, tmp_path, json.dumps(["true"]), "", str(killed), "30")["returncode"] == 0
     )
-    assert finish(driver)["returncode"] == 0
     assert killed.read_text().split() == []  # not one child of the forker was killed by a step's end
 
 
@@ -344,20 +346,12 @@ def test_a_daemon_started_beside_a_step_is_not_the_steps_though_it_is_re_parente
     daemonizes: its own session, re-parented to the worker's launcher) while the worker's EFA probe or code
     download ran; that step's end killed it, and mpirun lost its daemon. A daemon the step itself leaves is
     still ended (test_output_is_kept_and_what_the_step_left_is_killed)."""
-    (tmp_path / "tmp").mkdir()
-    driver = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            DAEMONIZED_BESIDE,
-            json.dumps([sys.executable, "-c", "import time; time.sleep(2)"]),
-            "",
-            str(tmp_path / "daemon.pid"),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+    result = run_driver(
+        DAEMONIZED_BESIDE,
+        tmp_path,
+        json.dumps([sys.executable, "-c", "import time; time.sleep(2)"]),
+        "",
+        str(tmp_path / "daemon.pid"),
     )
-    result = finish(driver)
     assert result["returncode"] == 0
     assert result["daemon_alive"] is True
