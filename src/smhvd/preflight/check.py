@@ -73,7 +73,7 @@ def run_preflight(
         argv, probe_env, hosts, options.timeout, signals=signals, launch_limit=first
     )
     lost = lost_daemon(collected) if several and seconds < options.timeout else None
-    stalled = stalled_launch(collected) if several and lost is None else None
+    stalled = stalled_launch(collected) if lost is None else None  # only mpirun's launch stalls (several)
     first_attempt = lost or stalled
     if first_attempt is not None:  # a dropped connection or a stalled launch: a second attempt tells
         log.info("pre-flight: %s; checking once more", stalled or "mpirun lost one of its daemons")

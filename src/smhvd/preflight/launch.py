@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from smhvd.proc.processes import cmdline, descendants, is_rank_wrapper
+from smhvd.proc.processes import cmdline, descendants, is_rank_wrapper, runs_module
 
 log = logging.getLogger("smhvd")
 
@@ -77,7 +77,7 @@ def stall_note(launch: Launch, hosts: Sequence[str]) -> str:
 
 def inspect(mpirun: int, hosts: Sequence[str], seconds: float, ended_it: bool = False) -> Launch:
     """The launch of the pre-flight's mpirun (pid `mpirun`) as /proc shows it now."""
-    probe_ran = any(PROBE_MODULE in cmdline(pid)[1:4] for pid in descendants(mpirun))
+    probe_ran = any(runs_module(pid, PROBE_MODULE) for pid in descendants(mpirun))
     peers = tcp_peers(mpirun)
     reached = frozenset(h for h in hosts[1:] if addresses(h) & peers)
     return Launch(seconds, probe_ran, reached, ended_it)

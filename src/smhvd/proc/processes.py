@@ -89,11 +89,24 @@ def own_trees(table: Mapping[int, tuple[int, str]]) -> set[int]:
     return own
 
 
+def not_own_since(before: set[int]) -> list[int]:
+    """Descendants not in `before`, less this process's own trees (the links, a worker's sshd and what it
+    forks meanwhile), both from one look at /proc: what forks between two looks would be in one only."""
+    table = read_process_table()
+    own = own_trees(table)
+    return [pid for pid in descendants_of(os.getpid(), table) if pid not in before and pid not in own]
+
+
 RANK_MODULE = "smhvd.rank"  # the rank wrapper: `python -P -m smhvd.rank ...`
 
 
+def runs_module(pid: int, module: str) -> bool:
+    """The process is `python [-P|-I ...] -m module ...`."""
+    return module in cmdline(pid)[1:4]
+
+
 def is_rank_wrapper(pid: int) -> bool:
-    return RANK_MODULE in cmdline(pid)[1:4]
+    return runs_module(pid, RANK_MODULE)
 
 
 def local_ranks() -> list[int]:

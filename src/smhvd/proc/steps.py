@@ -24,15 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smhvd.proc.loop import follow_output, wait_exits
-from smhvd.proc.processes import (
-    descendants,
-    descendants_of,
-    die_with_parent,
-    is_alive,
-    own_trees,
-    read_process_table,
-    signal_pids,
-)
+from smhvd.proc.processes import descendants, die_with_parent, is_alive, not_own_since, signal_pids
 
 OUTPUT_LIMIT = 1 << 20  # of each stream, the first and the last half of this many bytes are kept
 STOP_GRACE = 3.0  # SIGTERM, then SIGKILL this long after to what ignored it (as mpirun after an abort)
@@ -198,14 +190,10 @@ class _HeadAndTail:
 
 def _started_since(before: set[int], step: int, marker: bytes | None = None) -> list[int]:
     """What the step (pid `step`) started: every process below this one since it began, but what this process
-    started itself meanwhile (the links that run beside the preparation: processes.own_trees), both read from
-    one look at /proc: a worker's sshd forks orted and its probe while the worker's steps run. With `marker`
-    (an environment entry only the step's processes carry), a process in a session of its own must carry
-    it: Open MPI's orted daemonizes on a worker while the worker's steps run, and, re-parented to this
-    process (a subreaper), it is no step's."""
-    table = read_process_table()
-    own = own_trees(table)
-    found = [pid for pid in descendants_of(os.getpid(), table) if pid not in before and pid not in own]
+    started itself meanwhile (processes.not_own_since). With `marker` (an environment entry only the step's
+    processes carry), a process in a session of its own must carry it: Open MPI's orted daemonizes on a
+    worker while the worker's steps run, and, re-parented to this process (a subreaper), it is no step's."""
+    found = not_own_since(before)
     return found if marker is None else [pid for pid in found if _of_step(pid, step, marker)]
 
 
