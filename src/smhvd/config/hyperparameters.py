@@ -5,19 +5,43 @@ toolkit's format but for lists (docs/configuration.md).
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from smhvd.config.sagemaker_files import shown_key
 from smhvd.errors import ConfigError
 
 SOURCE = "hyperparameters.json"
 # Keys with these prefixes configure the launcher; they never reach the script's command line.
-RESERVED_PREFIXES = ("sagemaker_", "horovod_", "launcher_")
+SAGEMAKER_PREFIX = "sagemaker_"
+RESERVED_PREFIXES = (SAGEMAKER_PREFIX, "horovod_", "launcher_")
 # All hyperparameters travel together in single variables (SM_HPS, SM_TRAINING_ENV), which Linux limits to
 # 128 KiB (MAX_ARG_STRLEN): half of that leaves room for the rest of SM_TRAINING_ENV.
 MAX_TOTAL_BYTES = 64 * 1024
 MAX_DEPTH = 100  # nesting of a decoded value (lists, objects)
+# `sagemaker_` keys that the SageMaker Python SDK v2 sends (its framework estimators'
+# distribution=, the tuner) and the sagemaker-training toolkit (4.9.0: sagemaker_training/params.py,
+# environment.py) reads, which concern other containers: they pass without a word. The `sagemaker_` keys the
+# launcher reads are not here: they are its option declarations (config/launcher_options.py). Any other
+# `sagemaker_` key is a warning (key_warnings).
+SDK_SENT_KEYS = frozenset(
+    {
+        "sagemaker_distributed_dataparallel_custom_mpi_options",
+        "sagemaker_distributed_dataparallel_enabled",
+        "sagemaker_enable_cloudwatch_metrics",
+        "sagemaker_estimator_class_name",
+        "sagemaker_estimator_module",
+        "sagemaker_instance_type",
+        "sagemaker_multi_worker_mirrored_strategy_enabled",
+        "sagemaker_network_interface_name",
+        "sagemaker_parameter_server_enabled",
+        "sagemaker_pytorch_ddp_enabled",
+        "sagemaker_pytorch_xla_multi_worker_enabled",
+        "sagemaker_s3_output",
+        "sagemaker_torch_distributed_enabled",
+    }
+)
 
 
 def decode_value(value: object, key: str = "") -> object:
@@ -86,6 +110,24 @@ def check_size(decoded: Mapping[str, object]) -> None:
 
 def is_reserved(key: str) -> bool:
     return key.startswith(RESERVED_PREFIXES)
+
+
+def closest_key(key: str, known: Iterable[str]) -> str:
+    """The known key most like `key` (difflib's ratio; the first in sorted order on a tie). Pure."""
+    return max(sorted(known), key=lambda k: difflib.SequenceMatcher(None, key, k).ratio())
+
+
+def key_warnings(keys: Iterable[str], read: Collection[str]) -> list[str]:
+    """One line for each `sagemaker_` key that the launcher does not read (`read`: its declared keys) and the
+    SDKs are not known to send (SDK_SENT_KEYS), naming the closest known key: a typo such as
+    sagemaker_prefligh would otherwise leave its option at its default without a word. Pure."""
+    known = set(read) | SDK_SENT_KEYS
+    return [
+        f"{SOURCE}: {shown_key(key)}: not a key the launcher reads or the SageMaker SDKs send, ignored "
+        f"(the closest known key: {closest_key(key, known)})"
+        for key in sorted(keys)
+        if key.startswith(SAGEMAKER_PREFIX) and key not in known
+    ]
 
 
 def split_hyperparameters(decoded: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:

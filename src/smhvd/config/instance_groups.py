@@ -8,10 +8,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from smhvd.config.launcher_options import MpiOptions
 from smhvd.config.sagemaker_files import ResourceConfig
 from smhvd.errors import ConfigError
+from smhvd.option_spec import key_of
 
-KEY = "sagemaker_distribution_instance_groups"
+KEY = key_of(MpiOptions, "distribution_groups")  # declared there, with its reader
 SOURCE = "hyperparameters.json"
 
 
@@ -22,26 +24,13 @@ class Placement:
     distribution_groups: tuple[str, ...]  # () when every host runs MPI
 
 
-def _group_names(value: object) -> tuple[str, ...]:
-    if value in (None, "", []):
-        return ()
-    if isinstance(value, str):  # JSON text, if decoding left it a string
-        try:
-            value = json.loads(value)
-        except ValueError:
-            value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(SOURCE, KEY, "a list of instance group names", value)
-    return tuple(dict.fromkeys(value))
-
-
 def placement(
-    resources: ResourceConfig, raw_resources: Mapping[str, object], reserved: Mapping[str, object]
+    resources: ResourceConfig, raw_resources: Mapping[str, object], wanted: tuple[str, ...]
 ) -> Placement:
-    """Where MPI runs, from resourceconfig and the hyperparameters. Pure."""
+    """Where MPI runs, from resourceconfig and the instance groups the hyperparameters name (`wanted`: the
+    option's value; () for every host). Pure."""
     current = raw_resources.get("current_group_name")
     current_group = current if isinstance(current, str) and current else None
-    wanted = _group_names(reserved.get(KEY))
     if not wanted or not resources.instance_groups:
         return Placement(resources.hosts, current_group, ())
     by_name = {g.name: g for g in resources.instance_groups}

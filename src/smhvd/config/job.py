@@ -10,9 +10,19 @@ from dataclasses import dataclass, field
 
 from smhvd.config import sdk_v3
 from smhvd.config.hardware import interface_names, num_cpus, num_gpus, route_interface
-from smhvd.config.hyperparameters import decode_hyperparameters, split_hyperparameters, to_script_args
+from smhvd.config.hyperparameters import (
+    decode_hyperparameters,
+    key_warnings,
+    split_hyperparameters,
+    to_script_args,
+)
 from smhvd.config.instance_groups import Placement, placement
-from smhvd.config.launcher_options import LauncherOptions, MpiOptions, parse_launcher_options
+from smhvd.config.launcher_options import (
+    LauncherOptions,
+    MpiOptions,
+    all_declarations,
+    parse_launcher_options,
+)
 from smhvd.config.paths import SageMakerPaths
 from smhvd.config.sagemaker_files import (
     Channel,
@@ -107,6 +117,9 @@ def load_job(
     )
     reserved, user = split_hyperparameters(decode_hyperparameters(raw_hps))
     resources_dict = raw_resources if isinstance(raw_resources, dict) else {}
+    options = parse_launcher_options(reserved)
+    for warning in key_warnings(reserved, {d.option.key for d in all_declarations()}):
+        log.warning("%s", warning)
     job = Job(
         paths=paths,
         resources=resources,
@@ -114,9 +127,9 @@ def load_job(
         raw_resources=resources_dict,
         raw_input_data=raw_input if isinstance(raw_input, dict) else {},
         user_hyperparameters=user,
-        options=parse_launcher_options(reserved),
+        options=options,
         hardware=hardware or Hardware(cpus=num_cpus(), gpus=num_gpus()),
-        placement=placement(resources, resources_dict, reserved),
+        placement=placement(resources, resources_dict, options.mpi.distribution_groups),
         script_args=tuple(to_script_args(user)),
     )
     if v3 is not None:

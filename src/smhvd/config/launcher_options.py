@@ -3,14 +3,16 @@
 Each option is declared once, as a field below (option_spec.py): its key, type, default, reader and
 bounds, the variables it sets on every rank and its line in the docs tables, which
 `python -m smhvd_dev.option_docs` writes from these declarations (a test fails when the docs differ).
-Unknown `horovod_*` and `launcher_*` keys are errors (a typo must not pass silently); unknown `sagemaker_*`
-keys are ignored because the SDK sets many that concern other containers.
+Unknown `horovod_*` and `launcher_*` keys are errors (a typo must not pass silently); the `sagemaker_*` keys
+declared here are the only ones the launcher reads, and any other is a warning naming the closest known key
+(hyperparameters.key_warnings), unless the SDKs are known to send it for other containers (SDK_SENT_KEYS).
 """
 # ruff: noqa: RUF009 (option() is a dataclasses.field with the declaration in its metadata, not a default)
 
 from __future__ import annotations
 
 import itertools
+import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -150,6 +152,14 @@ class MpiOptions:
         "sets a default (below), or that Open MPI refuses beside it, **replaces** it",
         shown_default='`""`',
         readme="extra mpirun options, split with `shlex`; one that sets a default replaces it",
+    )
+    distribution_groups: tuple[str, ...] = option(  # (instance_groups.placement holds it to resourceconfig)
+        "sagemaker_distribution_instance_groups",
+        (),
+        lambda value, key: group_names(value, key),  # (defined below)
+        'the instance groups whose hosts run MPI (SDK v2: `distribution={..., "instance_groups": [...]}`); '
+        "the other hosts run the script once (docs/multi-host.md, heterogeneous clusters)",
+        shown_default="every host",
     )
     drop_defaults: frozenset[str] = option(
         "launcher_drop_mpi_defaults",
@@ -362,6 +372,20 @@ GROUPS = (ProgramOptions, MpiOptions, LauncherOwnOptions, PreflightOptions, Horo
 def all_declarations() -> list[Declared]:
     """Every launcher option, in the order of the docs tables."""
     return [d for group in GROUPS for d in declarations(group)]
+
+
+def group_names(value: object, key: str) -> tuple[str, ...]:
+    """Instance group names: a list (or its JSON text, if decoding left it a string), each once."""
+    if value in (None, "", []):
+        return ()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(SOURCE, key, "a list of instance group names", value)
+    return tuple(dict.fromkeys(value))
 
 
 def split_mpi_options(text: object, key: str = key_of(MpiOptions, "custom_options")) -> tuple[str, ...]:

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from smhvd.config.instance_groups import Placement, group_env, placement
+from smhvd.config.launcher_options import parse_launcher_options
 from smhvd.config.sagemaker_files import parse_resource_config
 from smhvd.errors import ConfigError
 
@@ -22,16 +23,16 @@ RESOURCES = parse_resource_config(RAW)
 
 
 def test_mpi_runs_over_the_distribution_groups_hosts_sorted():
-    where = placement(RESOURCES, RAW, {"sagemaker_distribution_instance_groups": ["gpu"]})
+    where = placement(RESOURCES, RAW, ("gpu",))
     assert where == Placement(
         mpi_hosts=("algo-1", "algo-2"), current_group="data", distribution_groups=("gpu",)
     )
 
 
 def test_without_the_hyperparameter_or_groups_every_host_runs_mpi():
-    assert placement(RESOURCES, RAW, {}).mpi_hosts == ("algo-1", "algo-2", "algo-3")
+    assert placement(RESOURCES, RAW, ()).mpi_hosts == ("algo-1", "algo-2", "algo-3")
     old = {k: v for k, v in RAW.items() if k not in ("instance_groups", "current_group_name")}
-    where = placement(parse_resource_config(old), old, {"sagemaker_distribution_instance_groups": ["gpu"]})
+    where = placement(parse_resource_config(old), old, ("gpu",))
     assert where == Placement(("algo-1", "algo-2", "algo-3"), None, ())
 
 
@@ -47,12 +48,25 @@ def test_without_the_hyperparameter_or_groups_every_host_runs_mpi():
     ],
 )
 def test_bad_group_names_are_config_errors(value, message):
+    def where():
+        options = parse_launcher_options({"sagemaker_distribution_instance_groups": value})
+        return placement(RESOURCES, RAW, options.mpi.distribution_groups)
+
     with pytest.raises(ConfigError, match="sagemaker_distribution_instance_groups: " + message):
-        placement(RESOURCES, RAW, {"sagemaker_distribution_instance_groups": value})
+        where()
+
+
+@pytest.mark.parametrize(
+    ("value", "groups"),
+    [(["gpu", "data", "gpu"], ("gpu", "data")), ('["gpu"]', ("gpu",)), ("gpu", ("gpu",)), ([], ())],
+)
+def test_the_hyperparameter_is_read_as_the_option_declares_it(value, groups):
+    options = parse_launcher_options({"sagemaker_distribution_instance_groups": value})
+    assert options.mpi.distribution_groups == groups
 
 
 def test_the_toolkits_instance_group_variables():
-    where = placement(RESOURCES, RAW, {"sagemaker_distribution_instance_groups": ["gpu"]})
+    where = placement(RESOURCES, RAW, ("gpu",))
     assert group_env(RESOURCES, where) == {
         "SM_CURRENT_INSTANCE_GROUP": "data",
         "SM_CURRENT_INSTANCE_GROUP_HOSTS": json.dumps(["algo-3"]),

@@ -5,8 +5,10 @@ from pathlib import Path
 import pytest
 
 from smhvd.config.hyperparameters import (
+    SDK_SENT_KEYS,
     decode_hyperparameters,
     is_reserved,
+    key_warnings,
     split_hyperparameters,
     to_env_value,
     to_script_args,
@@ -244,3 +246,49 @@ def test_the_variables_an_option_sets_are_the_ones_it_declares(tmp_path):
     other = dataclasses.replace(every, stall_check_seconds=5)  # the other branch of the stall check
     assert set(every.env(tmp_path)) | set(other.env(tmp_path)) == declared
     assert HorovodOptions().env(tmp_path) == {}  # Horovod's own defaults: nothing set
+
+
+READ = {d.option.key for d in all_declarations()}
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("sagemaker_prefligh", "sagemaker_preflight"),
+        ("sagemaker_mpi_num_of_process_per_host", "sagemaker_mpi_num_of_processes_per_host"),
+        ("sagemaker_mpi_enable", "sagemaker_mpi_enabled"),
+        ("sagemaker_programm", "sagemaker_program"),
+        ("sagemaker_instance_typ", "sagemaker_instance_type"),  # an SDK key: closest too, still ignored
+    ],
+)
+def test_a_sagemaker_key_typo_is_a_warning_naming_the_closest_known_key(typo, meant):
+    assert key_warnings({typo: "1", "sagemaker_program": "train.py", "epochs": 2}, READ) == [
+        f"hyperparameters.json: {typo}: not a key the launcher reads or the SageMaker SDKs send, ignored "
+        f"(the closest known key: {meant})"
+    ]
+
+
+def test_keys_the_launcher_reads_or_the_sdks_send_pass_without_a_warning():
+    assert {"sagemaker_program", "sagemaker_distribution_instance_groups", "sagemaker_preflight"} <= READ
+    assert key_warnings({key: "x" for key in READ | SDK_SENT_KEYS}, READ) == []
+    others = {"epochs": 1, "horovod_timeline": True, "launcher_x": 1}  # not sagemaker_: not this check's
+    assert key_warnings(others, READ) == []
+    assert not READ & SDK_SENT_KEYS  # a key is either read (declared) or known to be sent for others
+
+
+def test_every_sagemaker_key_the_launcher_reads_is_declared_once():
+    """The `sagemaker_` keys written as whole strings in src/smhvd are the declarations' and the SDKs' list
+    (SDK_SENT_KEYS): a key read anywhere else would be missing from the known keys and warned about."""
+    written = sorted(
+        f"{path.relative_to(SRC)}:{node.lineno}: {node.value}"
+        for path in SRC.rglob("*.py")
+        if path not in DECLARING
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.startswith("sagemaker_")
+        and node.value.isidentifier()
+        and node.value not in SDK_SENT_KEYS
+        and node.value != "sagemaker_"
+    )
+    assert written == []
