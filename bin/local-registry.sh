@@ -29,10 +29,12 @@ port=5000
 dir=""
 stop=0
 install=0
+# shellcheck source=bin/lib/args.sh
+source "$repo/bin/lib/args.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --port) port=${2:?--port needs a number}; shift ;;
-    --dir) dir=${2:?--dir needs a directory}; shift ;;
+    --port) needs $# "$1" "a number (1-65535)"; port=$2; shift ;;
+    --dir) needs $# "$1" "a directory"; dir=$2; shift ;;
     --stop) stop=1 ;;
     --install) install=1 ;;
     -h|--help) usage; exit 0 ;;
@@ -40,11 +42,14 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-if ! [[ "$port" =~ ^[1-9][0-9]*$ ]] || [ "$port" -gt 65535 ]; then
-  die "--port '$port': expected a port number (1-65535)"
-fi
+# Validate everything before creating anything: each failure is one line naming the option, exit 2.
+int_in "$port" 1 65535 || die "--port '$port': expected a port number (1-65535)"
 addr=127.0.0.1:$port
+[ -z "$dir" ] || [ ! -e "$dir" ] || [ -d "$dir" ] || die "--dir $dir: not a directory"
+[ -n "$dir" ] || [ ! -e "$repo/build/registry/$port" ] || [ -d "$repo/build/registry/$port" ] ||
+  die "$repo/build/registry/$port: not a directory (or give --dir)"
 dir=${dir:-$repo/build/registry/$port}
+[ "$stop" = 1 ] || command -v python3 >/dev/null || die "python3 is needed to ask the registry whether it answers"
 
 # The project's configuration keeps the local registries it trusts in one list (one host:port a line), from which
 # bin/daemonless-env.sh writes registries.conf.

@@ -69,23 +69,25 @@ envs=()
 run_args=()
 image=""
 command=""
+# shellcheck source=bin/lib/args.sh
+source "$repo/bin/lib/args.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --hyperparameters) hp_file=${2:?--hyperparameters needs a file}; shift ;;
-    --channel) channels+=("${2:?--channel needs NAME=DIR}"); shift ;;
-    --source) source_dir=${2:?--source needs a directory}; shift ;;
-    --entry-point) entry_point=${2:?--entry-point needs a file name}; shift ;;
-    --processes-per-host) processes=${2:?--processes-per-host needs a number}; shift ;;
-    --mpi-options) mpi_options=${2?--mpi-options needs a value}; mpi_options_set=1; shift ;;
-    --hosts) hosts=${2:?--hosts needs a number}; shift ;;
-    --work) work=${2:?--work needs a directory}; shift ;;
-    --engine) engine=${2:?--engine needs a value}; shift ;;
+    --hyperparameters) needs $# "$1" "a file"; hp_file=$2; shift ;;
+    --channel) needs $# "$1" "NAME=DIR"; channels+=("$2"); shift ;;
+    --source) needs $# "$1" "a directory"; source_dir=$2; shift ;;
+    --entry-point) needs $# "$1" "a file name"; entry_point=$2; shift ;;
+    --processes-per-host) needs $# "$1" "a number"; processes=$2; shift ;;
+    --mpi-options) needs $# "$1" "a value (\"\" for none)"; mpi_options=$2; mpi_options_set=1; shift ;;
+    --hosts) needs $# "$1" "a number"; hosts=$2; shift ;;
+    --work) needs $# "$1" "a directory"; work=$2; shift ;;
+    --engine) needs $# "$1" "a value (docker or podman)"; engine=$2; shift ;;
     --gpu) gpu=1 ;;
-    --gpus-per-host) gpus_per_host=${2:?--gpus-per-host needs a number}; shift ;;
-    --network) network=${2:?--network needs a value}; shift ;;
-    --shm-size) shm_size=${2:?--shm-size needs a value}; shift ;;
-    --env) envs+=("${2:?--env needs KEY=VALUE}"); shift ;;
-    --run-arg) run_args+=("${2:?--run-arg needs a value}"); shift ;;
+    --gpus-per-host) needs $# "$1" "a number"; gpus_per_host=$2; shift ;;
+    --network) needs $# "$1" "a value"; network=$2; shift ;;
+    --shm-size) needs $# "$1" "a value"; shm_size=$2; shift ;;
+    --env) needs $# "$1" "KEY=VALUE"; envs+=("$2"); shift ;;
+    --run-arg) needs $# "$1" "a value"; run_args+=("$2"); shift ;;
     --dry-run) dry_run=1 ;;
     -h|--help) usage; exit 0 ;;
     -*) usage >&2; die "unknown option '$1'" ;;
@@ -105,28 +107,45 @@ done
 [ -n "$image" ] || { usage >&2; die "missing the IMAGE to run"; }
 command=${command:-train}
 
-# Validate everything before creating anything.
-if ! [[ "$hosts" =~ ^[1-9][0-9]*$ ]] || [ "$hosts" -gt 64 ]; then
-  die "--hosts '$hosts': expected a number from 1 to 64"
-fi
+# Validate everything before creating anything: each failure is one line naming the option, exit 2.
+int_in "$hosts" 1 64 || die "--hosts '$hosts': expected a number from 1 to 64"
 if [ "$hosts" -gt 1 ] && [ "$network" = host ]; then
   die "--network host: $hosts hosts need a network of their own (each container is one host, algo-K)"
 fi
 if [ -n "$gpus_per_host" ]; then
   [ "$gpu" = 1 ] || die "--gpus-per-host needs --gpu"
-  [[ "$gpus_per_host" =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-host '$gpus_per_host' is not a positive integer"
+  int_in "$gpus_per_host" 1 1024 || die "--gpus-per-host '$gpus_per_host': expected a number from 1 to 1024"
   if command -v nvidia-smi >/dev/null && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU '); then
     [ "$((hosts * gpus_per_host))" -le "$gpus" ] ||
       die "--hosts $hosts x --gpus-per-host $gpus_per_host: this machine has $gpus GPU(s) (nvidia-smi -L)"
   fi
 fi
-[ -z "$hp_file" ] || [ -f "$hp_file" ] || die "--hyperparameters $hp_file: no such file"
-[ -z "$processes" ] || [[ "$processes" =~ ^[1-9][0-9]*$ ]] || die "--processes-per-host '$processes' is not a positive integer"
+# The launcher's own bound (sagemaker_mpi_num_of_processes_per_host): refused here rather than in the container.
+[ -z "$processes" ] || int_in "$processes" 1 1024 ||
+  die "--processes-per-host '$processes': expected a number from 1 to 1024"
+[[ "$shm_size" =~ ^[1-9][0-9]{0,12}[bkmgBKMG]?$ ]] || die "--shm-size '$shm_size': expected a size such as 1g or 512m"
+command -v python3 >/dev/null || die "python3 is needed to write the JSON configuration"
+hp_text=""
+if [ -n "$hp_file" ]; then
+  # Read once (a process substitution, <(echo ...), can be read only once) and checked before anything exists.
+  { [ -r "$hp_file" ] && [ ! -d "$hp_file" ] && hp_text=$(cat -- "$hp_file"); } 2>/dev/null ||
+    die "--hyperparameters $hp_file: no such readable file"
+  why=$(python3 -c '
+import json, sys
+try:
+    loaded = json.loads(sys.stdin.read())
+except ValueError as exc:
+    sys.exit(f"not valid JSON ({exc})")
+if not isinstance(loaded, dict):
+    sys.exit(f"expected a JSON object, got {type(loaded).__name__}")
+' <<<"$hp_text" 2>&1) || die "--hyperparameters $hp_file: $why"
+fi
 if [ -n "$source_dir" ]; then
   [ -d "$source_dir" ] || die "--source $source_dir: no such directory"
   [ -n "$entry_point" ] || die "--source needs --entry-point (the script to run in it)"
   [ -f "$source_dir/$entry_point" ] || die "--entry-point $entry_point: not found in $source_dir"
   source_dir=$(cd "$source_dir" && pwd)
+  mountable --source "$source_dir"
 elif [ -n "$entry_point" ]; then
   die "--entry-point needs --source (or set sagemaker_program in the hyperparameters file)"
 fi
@@ -139,13 +158,24 @@ for spec in "${channels[@]}"; do
     die "--channel '$spec' is not NAME=DIR (NAME: letters, digits, . _ -)"
   fi
   [ -d "$cdir" ] || die "--channel $cname: no such directory $cdir"
+  for seen in "${channel_names[@]}"; do
+    [ "$seen" != "$cname" ] || die "--channel $cname: given twice (one directory a channel)"
+  done
   channel_names+=("$cname")
   channel_dirs+=("$(cd "$cdir" && pwd)")
+  mountable "--channel $cname" "${channel_dirs[-1]}"
 done
 for kv in "${envs[@]}"; do
   [[ "$kv" == [A-Za-z_]*=* ]] || die "--env '$kv' is not KEY=VALUE"
 done
-command -v python3 >/dev/null || die "python3 is needed to write the JSON configuration"
+if [ -n "$work" ]; then
+  mountable --work "$(absolute "$work")"
+  [ ! -e "$work" ] || [ -d "$work" ] || die "--work $work: not a directory"
+  [ ! -d "$work" ] || [ -z "$(ls -A "$work")" ] ||
+    die "--work $work is not empty (a SageMaker job starts from a fresh /opt/ml)"
+else
+  mountable "the default work directory" "$repo/build/local-train"
+fi
 
 # shellcheck source=bin/lib/engine.sh
 source "$repo/bin/lib/engine.sh"
@@ -168,7 +198,6 @@ if [ -z "$work" ]; then
   work=$(mktemp -d "$repo/build/local-train/job-$(date +%Y%m%d-%H%M%S)-XXXX")
 else
   mkdir -p "$work"
-  [ -z "$(ls -A "$work")" ] || die "--work $work is not empty (a SageMaker job starts from a fresh /opt/ml)"
 fi
 work=$(cd "$work" && pwd)
 
@@ -185,14 +214,14 @@ all_hosts=$(IFS=,; echo "${host_names[*]}")
 # Each tree: the project's one /opt/ml writer (dev/smhvd_dev/mltree.py, standard library only, run from this
 # checkout): hyperparameters JSON-encoded as the SDK does; launcher keys set from the options win.
 args=(--hosts "$all_hosts" --job-name "$(basename "$work")")
-[ -z "$hp_file" ] || args+=(--hyperparameters "$hp_file")
+[ -z "$hp_file" ] || args+=(--hyperparameters /dev/stdin)  # hp_text, read once above
 for cname in "${channel_names[@]}"; do args+=(--channel "$cname"); done
 [ -z "$source_dir" ] || args+=(--hp sagemaker_submit_directory=/opt/ml/code --hp "sagemaker_program=$entry_point")
 [ -z "$processes" ] || args+=(--hp-json "sagemaker_mpi_num_of_processes_per_host=$processes")
 [ "$mpi_options_set" = 0 ] || args+=(--hp "sagemaker_mpi_custom_mpi_options=$mpi_options")
 for k in "${!host_names[@]}"; do
   PYTHONPATH="$repo/dev:$repo/src" python3 -m smhvd_dev.mltree "${trees[$k]}" --current-host "${host_names[$k]}" \
-    "${args[@]}"
+    "${args[@]}" <<<"$hp_text"
 done
 
 ca_bundle=$(host_ca_bundle)
