@@ -5,20 +5,22 @@ mpirun starts no process anywhere until the daemon on every host has reported to
 from that daemon to mpirun (a flat launch: `plm_rsh_no_tree_spawn`). So when no probe speaks and this host's
 probe never ran, the launch is waiting on daemons, and a host with no connection to mpirun is where it waits
 (each daemon keeps that connection while the job runs, whatever Open MPI's routing tree: measured on 4
-simulated hosts with `routed_radix 1`). That is the evidence that names that host and not the leader
-(runner._unfinished), and the sign of a launch that stalled, which the check tries once more (check.py). The
-job's own mpirun is watched the same way (JobLaunch): a launch still waiting on daemons after LAUNCH_LIMIT is
-a warning naming their hosts, where it would otherwise be a silent hang.
+simulated hosts with `routed_radix 1`). A connection is tied to a host by the addresses of the ssh
+connections this launcher holds to that host (tie), never by resolving its name; where that cannot tell
+(a daemon connecting from a second address, two names behind one address), the hosts left are not said to
+be waiting. That is the evidence that names a host and never the leader (blame.py), and the sign of a
+launch that stalled, which the check tries once more (check.py). The job's own mpirun is watched the same
+way (JobLaunch): a launch still waiting on daemons after LAUNCH_LIMIT is a warning naming their hosts,
+where it would otherwise be a silent hang.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,10 +43,11 @@ class Launch:
     probe_ran: bool  # mpirun had started this host's probe: the launch was done, the probes silent
     reached: frozenset[str]  # hosts whose daemon had connected back to mpirun
     ended_it: bool = False  # this ended the attempt (before the bound): the check runs once more
+    unknown: frozenset[str] = frozenset()  # hosts whose connection (or lack of one) could not be told
 
     def waiting_on(self, hosts: Sequence[str]) -> list[str]:
-        """The hosts whose daemon mpirun still waited for (the leader's is mpirun itself). Pure."""
-        return [h for h in hosts[1:] if h not in self.reached]
+        """The hosts whose daemon mpirun surely still waited for (the leader's is mpirun itself). Pure."""
+        return [h for h in hosts[1:] if h not in self.reached and h not in self.unknown]
 
 
 def launch_limit(timeout: float) -> float:
@@ -53,34 +56,51 @@ def launch_limit(timeout: float) -> float:
     return min(LAUNCH_LIMIT, max(LAUNCH_FLOOR, timeout * LAUNCH_SHARE))
 
 
-def stall_reasons(launch: Launch, hosts: Sequence[str]) -> dict[str, str]:
-    """Why each host is named when mpirun started no probe: the hosts whose daemon never connected back, or,
-    with every daemon connected, the leader (where mpirun runs). Pure."""
-    waiting = launch.waiting_on(hosts)
-    if waiting:
-        why = (
-            f"its Open MPI daemon (orted) did not connect back to mpirun within {launch.seconds:.1f}s, so "
-            "mpirun started no probe on any host"
-        )
-        return dict.fromkeys(waiting, why)
-    return {
-        hosts[0]: f"mpirun started no probe within {launch.seconds:.1f}s, though every host's daemon reported"
-    }
-
-
-def stall_note(launch: Launch, hosts: Sequence[str]) -> str:
-    """The first attempt's end, as the check's note says it. Pure."""
-    waiting = launch.waiting_on(hosts)
-    on = f"no daemon connection from {', '.join(waiting)}" if waiting else "every daemon connected"
-    return f"mpirun started no probe within {launch.seconds:.1f}s ({on})"
-
-
 def inspect(mpirun: int, hosts: Sequence[str], seconds: float, ended_it: bool = False) -> Launch:
-    """The launch of the pre-flight's mpirun (pid `mpirun`) as /proc shows it now."""
+    """The launch of the pre-flight's mpirun (pid `mpirun`) as /proc shows it now: no name is resolved (a
+    resolver may block the loop for seconds); each host's addresses are those of the ssh connections this
+    launcher holds to it (its links, mpirun's own ssh)."""
     probe_ran = any(runs_module(pid, PROBE_MODULE) for pid in descendants(mpirun))
-    peers = tcp_peers(mpirun)
-    reached = frozenset(h for h in hosts[1:] if addresses(h) & peers)
-    return Launch(seconds, probe_ran, reached, ended_it)
+    reached, unknown = tie(tcp_peers(mpirun), ssh_addresses(hosts[1:], descendants()), hosts[1:])
+    return Launch(seconds, probe_ran, reached, ended_it, unknown)
+
+
+def tie(
+    peers: Sequence[str], known: Mapping[str, Iterable[str]], workers: Sequence[str]
+) -> tuple[frozenset[str], frozenset[str]]:
+    """(the hosts whose daemon connected back, the hosts that cannot be told) from mpirun's connections'
+    remote addresses (one a connection) and each worker's known addresses. A connection from an address
+    known for one host alone is that host's; when some connection is from an address known for no host or
+    for several (a second interface, another address family, two names behind one address), the hosts left
+    cannot be told from one another: none of them is said to be waiting. Pure."""
+    owners: dict[str, set[str]] = {}
+    for host in workers:
+        for address in known.get(host, ()):
+            owners.setdefault(address, set()).add(host)
+    reached: set[str] = set()
+    untold = 0
+    for address in peers:
+        who = owners.get(address, set())
+        if len(who) == 1:
+            reached |= who
+        else:
+            untold += 1
+    left = frozenset(h for h in workers if h not in reached)
+    return frozenset(reached), left if untold else frozenset()
+
+
+def ssh_addresses(hosts: Sequence[str], pids: Iterable[int]) -> dict[str, set[str]]:
+    """Each host's addresses as this launcher's own ssh processes reach it (`ssh ... HOST ...`: the link
+    to a worker, which holds the job's shared connection, or mpirun's ssh): their established peers."""
+    names = set(hosts)
+    found: dict[str, set[str]] = {}
+    for pid in pids:
+        argv = cmdline(pid) or []
+        if not argv or Path(argv[0]).name != "ssh":
+            continue
+        for host in {a.rpartition("@")[2] for a in argv[1:]} & names:
+            found.setdefault(host, set()).update(tcp_peers(pid))
+    return found
 
 
 class JobLaunch:
@@ -101,7 +121,15 @@ class JobLaunch:
         mpirun = next((p for p in mine if Path((cmdline(p) or [""])[0]).name == "mpirun"), None)
         if mpirun is None or any(map(is_rank_wrapper, mine)):
             return
-        waiting = inspect(mpirun, self.hosts, seconds).waiting_on(self.hosts)
+        seen = inspect(mpirun, self.hosts, seconds)
+        waiting = seen.waiting_on(self.hosts)
+        if seen.unknown and not waiting:
+            log.warning(
+                "mpirun has started no rank after %.0fs; which of %s it waits for cannot be told from its "
+                "connections (a second address or an alias)",
+                seconds,
+                ", ".join(sorted(seen.unknown)),
+            )
         if waiting:
             log.warning(
                 "mpirun has started no rank after %.0fs: it waits for the Open MPI daemon (orted) on %s, "
@@ -111,25 +139,16 @@ class JobLaunch:
             )
 
 
-def addresses(host: str) -> set[str]:
-    """The host's addresses (as resolved for ssh and mpirun), or none when it does not resolve now."""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return set()
-    return {_plain(str(info[4][0])) for info in infos}
-
-
-def tcp_peers(pid: int) -> set[str]:
-    """The remote addresses of the process's established TCP connections (IPv4 and IPv6)."""
+def tcp_peers(pid: int) -> list[str]:
+    """The remote addresses of the process's established TCP connections (IPv4 and IPv6), one a connection."""
     inodes = socket_inodes(pid)
-    found: set[str] = set()
+    found: list[str] = []
     for table in ("tcp", "tcp6"):
         try:
             text = Path(f"/proc/{pid}/net/{table}").read_text()
         except OSError:
             continue
-        found |= established_peers(text.splitlines()[1:], inodes)
+        found += established_peers(text.splitlines()[1:], inodes)
     return found
 
 
@@ -149,16 +168,16 @@ def socket_inodes(pid: int) -> set[int]:
     return inodes
 
 
-def established_peers(rows: Iterable[str], inodes: set[int]) -> set[str]:
+def established_peers(rows: Iterable[str], inodes: set[int]) -> list[str]:
     """Remote addresses of the rows of /proc/PID/net/tcp or tcp6 (header left out) that are established
-    connections on one of `inodes`. Pure."""
-    found = set()
+    connections on one of `inodes`, one a connection. Pure."""
+    found = []
     for row in rows:
         fields = row.split()
         if len(fields) < 10 or fields[3] != _ESTABLISHED or not fields[9].isdigit():
             continue
         if int(fields[9]) in inodes:
-            found.add(_plain(str(_address(fields[2].split(":")[0]))))
+            found.append(_plain(str(_address(fields[2].split(":")[0]))))
     return found
 
 

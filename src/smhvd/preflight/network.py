@@ -17,10 +17,11 @@ minimum is the latency, and the clock offset is the rank's stamp minus the midpo
 from __future__ import annotations
 
 import functools
-import statistics
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from .yardstick import late_trip, median
 
 ALL_PAIRS_UP_TO = 8
 CALIBRATION_BYTES = 256 << 10
@@ -36,7 +37,6 @@ MIN_CPU_SHARE = 0.5  # an end of a link measured alone (spinning) that ran less 
 REPEATS = 2  # the measured rounds, each link's best kept (a busy host only ever slows a link down)
 PINGS = 5
 CONFIRM_PINGS = 20  # a late round trip's second look
-RTT_FLOOR_MS = 1.0  # a round trip is named only this far above the median too (scheduling noise)
 TAG = 7117
 GO_TAG = 7118  # a receiver's word to its sender: my clock runs, send
 
@@ -308,22 +308,17 @@ def _pings(comm: Any, other: int, count: int) -> tuple[float, float]:
     comm.recv(source=other, tag=TAG)
     samples = []
     for _ in range(count):
-        sent = time.time()
+        sent, sent_wall = time.monotonic(), time.time()
         comm.send(None, dest=other, tag=TAG)
         theirs = comm.recv(source=other, tag=TAG)
-        back = time.time()
-        samples.append((back - sent, theirs - (sent + back) / 2))
+        samples.append(ping_sample(sent, time.monotonic(), sent_wall, theirs))
     trip, offset = min(samples)
     return round(trip * 1e3, 3), round(offset, 4)
 
 
-def late_trip(trip_ms: float, median_ms: float | None, ratio: float) -> bool:
-    """A round trip that names its host: above median / ratio, and RTT_FLOOR_MS above the median (on a
-    quiet network a few microseconds more is no finding). Pure."""
-    return median_ms is not None and trip_ms * ratio > median_ms and trip_ms > median_ms + RTT_FLOOR_MS
-
-
-def median(values: Iterable[float | None]) -> float | None:
-    """The median of the values that are known; None when none is. Pure."""
-    data = [v for v in values if v is not None]
-    return statistics.median(data) if data else None
+def ping_sample(sent: float, back: float, sent_wall: float, theirs: float) -> tuple[float, float]:
+    """(round trip s, clock offset s) of one ping: the trip on the monotonic clock (`sent`, `back`), which a
+    step of the wall clock (NTP, a VM's resume) cannot make negative or long; the offset of the other host's
+    wall clock (`theirs`) from this one's at the trip's middle. Pure."""
+    trip = back - sent
+    return trip, theirs - (sent_wall + trip / 2)

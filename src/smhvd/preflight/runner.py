@@ -15,21 +15,17 @@ Whatever ended it, the probe's process tree is gone when this returns (proc/step
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import re
 import subprocess
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from smhvd.errors import Stopped
 from smhvd.mpi.command import MpiPlan, build_mpirun_argv
-from smhvd.mpi.output import ABORT_SIGNS, first_sentence, parse_mpirun_verdict
 from smhvd.preflight import nccl_net
 from smhvd.preflight.nccl_net import NcclNet
 from smhvd.proc.loop import follow_output
@@ -37,21 +33,18 @@ from smhvd.proc.processes import descendants, die_with_parent
 from smhvd.proc.signals import SignalWatch
 from smhvd.proc.steps import end_tree
 from smhvd.proc.timers import Timer, Timers
-from smhvd.wire import PREFLIGHT_BEAT, PREFLIGHT_MARK, PREFLIGHT_SPEC
+from smhvd.wire import PREFLIGHT_BEAT, PREFLIGHT_SPEC
 
 from . import launch
+from .blame import blame, stall_note
+from .collected import Collected, Silent, mpirun_message
 from .facts import HostFacts, is_number, map_of, read_facts
-from .launch import PROBE_MODULE, Launch
+from .launch import PROBE_MODULE
 from .verdict import Findings
 
 log = logging.getLogger("smhvd")
 SILENCE = 10.0  # a probe silent this long (20 beats) while another beats has stopped answering
-MPIRUN_LINES = 200  # mpirun's own lines kept (its messages are 10-30 lines)
-MESSAGE_LIMIT = 1500  # characters of mpirun's message in a reason and the notes
-_RULE = re.compile(r"^-{20,}$")  # the border of an Open MPI message
-_TAG = re.compile(rb"^\[\d+,(\d+)\]<std(?:out|err)>:")
 LOST_DAEMON = "ORTE has lost communication with a remote daemon"  # once: the check runs again (check.py)
-_ERROR_WORD = re.compile(r"error|fail|abort", re.IGNORECASE)  # a probe's failing line says it; a warning not
 
 
 def probe_program() -> list[str]:
@@ -73,102 +66,6 @@ def probe_argv(plan: MpiPlan, hosts: Sequence[str], run_dir: Path) -> list[str]:
     )
     probe.hostfile.write_text(probe.hostfile_text)
     return build_mpirun_argv(probe)
-
-
-def parse_line(line: bytes) -> tuple[int, dict[str, Any]] | None:
-    """(rank, finding) of one output line of mpirun (tagged) or of a lone probe (rank 0). Pure."""
-    rank = 0
-    tag = _TAG.match(line)
-    if tag:
-        rank = int(tag.group(1))
-        line = line[tag.end() :]
-    mark = PREFLIGHT_MARK.encode()
-    if not line.startswith(mark):
-        return None
-    try:
-        finding = json.loads(line[len(mark) :])
-    except ValueError:
-        return None
-    return (rank, finding) if isinstance(finding, dict) else None
-
-
-class _Silent(Exception):
-    pass
-
-
-@dataclass
-class Collected:
-    """Findings by rank as they arrive, and when each rank last spoke (the runner's clock)."""
-
-    hosts: tuple[str, ...]
-    clock: Callable[[], float] = time.monotonic
-    started: float | None = None  # when the probes' command started (the runner's clock)
-    heard: dict[int, float] = field(default_factory=dict)
-    first_word: float | None = None
-    done: set[int] = field(default_factory=set)
-    found: dict[int, dict[str, Any]] = field(default_factory=dict)
-    phases: dict[int, dict[str, float]] = field(default_factory=dict)  # rank -> finding -> its probe's time
-    other: deque[bytes] = field(default_factory=lambda: deque(maxlen=MPIRUN_LINES))  # mpirun's own lines
-    exit_code: int | None = None  # mpirun's, when it exited by itself
-    launch: Launch | None = None  # mpirun's launch, as seen when no probe had said a word (launch.py)
-    abort_notice: str | None = None  # Open MPI said the job aborts: nothing more will come
-    _rest: bytes = b""
-
-    def feed(self, chunk: bytes) -> None:
-        self._rest += chunk
-        *lines, self._rest = self._rest.split(b"\n")
-        now = self.clock()
-        for line in lines:
-            parsed = parse_line(line)
-            if parsed is None:
-                if line.strip():
-                    self.other.append(line)
-                    self._notice_abort()
-                continue
-            rank, finding = parsed
-            if not 0 <= rank < len(self.hosts):
-                continue
-            self.heard[rank] = now
-            self.first_word = now if self.first_word is None else self.first_word
-            if finding.get("done"):
-                self.done.add(rank)
-            kinds = {k: v for k, v in finding.items() if k not in ("beat", "t")}
-            self.found.setdefault(rank, {}).update(kinds)
-            if isinstance(finding.get("t"), int | float):
-                self.phases.setdefault(rank, {}).update(dict.fromkeys(kinds, float(finding["t"])))
-
-    def _notice_abort(self) -> None:
-        lines = [line.decode(errors="replace").strip() for line in self.other]
-        text = " ".join(" ".join(lines).split())
-        if self.abort_notice is None and any(sign in text for sign in ABORT_SIGNS):
-            self.abort_notice = first_sentence(lines)
-
-    @property
-    def failed(self) -> bool:
-        """The probes' MPI job failed: mpirun exited non-zero, or Open MPI said the job aborts."""
-        return self.abort_notice is not None or self.exit_code not in (None, 0)
-
-    def silent(self, limit: float) -> list[int]:
-        """Ranks not done that have not spoken for `limit` seconds (or at all, that long after the first)."""
-        now = self.clock()
-        out = []
-        for rank in range(len(self.hosts)):
-            if rank in self.done:
-                continue
-            last = self.heard.get(rank, self.first_word)
-            if last is not None and now - last > limit:
-                out.append(rank)
-        return out
-
-    def check(self, limit: float) -> None:
-        """Raise _Silent when a rank fell silent while another still speaks, or Open MPI said it aborts."""
-        if self.abort_notice is not None:
-            raise _Silent
-        silent = self.silent(limit)
-        now = self.clock()
-        speaking = [r for r, at in self.heard.items() if r not in silent and now - at <= limit]
-        if silent and (speaking or self.done):
-            raise _Silent
 
 
 def run_probes(
@@ -211,7 +108,7 @@ def run_probes(
             collected.exit_code = proc.poll()
         elif launch_limit is not None and collected.first_word is None:  # the bound, and not a word
             collected.launch = launch.inspect(proc.pid, hosts, time.monotonic() - started)
-    except _Silent:
+    except Silent:
         pass
     finally:
         end_tree(proc, before)
@@ -229,7 +126,7 @@ class _Launching:
     limit: float | None
 
     def check(self, collected: Collected) -> None:
-        """_Silent (collected.launch set) when mpirun's launch stalled: no probe heard, none started here."""
+        """Silent (collected.launch set) when mpirun's launch stalled: no probe heard, none started here."""
         if self.limit is None or collected.first_word is not None:
             return
         seconds = time.monotonic() - self.started
@@ -239,14 +136,14 @@ class _Launching:
         seen = launch.inspect(self.mpirun, collected.hosts, seconds, ended_it=True)
         if not seen.probe_ran:
             collected.launch = seen
-            raise _Silent
+            raise Silent
 
 
 def _watching(
     collected: Collected, limit: float, signals: SignalWatch | None, launching: _Launching
 ) -> Timers:
     """What the wait for the probes does meanwhile, every half beat: end it when a rank fell silent, Open
-    MPI said it aborts or the launch stalled (_Silent), or on a stop (Stopped)."""
+    MPI said it aborts or the launch stalled (Silent), or on a stop (Stopped)."""
 
     def check() -> None:
         if signals is not None and signals.stop_requested():
@@ -270,8 +167,8 @@ def findings_of(
     """What the probes said, by host, read as this launcher's findings (a host whose findings are not is
     named as another version), with a reason for each host that did not finish. Pure; never raises."""
     hosts = collected.hosts
-    missing, unfinished = _unfinished(collected, seconds, timeout, silence)
-    said = mpirun_message(collected.other)
+    named = blame(collected, seconds, timeout, silence)
+    said = mpirun_message(collected.own)
     by_host = {hosts[r]: f for r, f in collected.found.items()}
     typed = read_findings(by_host)
     clock = by_host.get(hosts[0], {}).get("clock")
@@ -279,72 +176,35 @@ def findings_of(
         typed,
         hosts=tuple(hosts),
         clock=clock if isinstance(clock, dict) and _is_clock(clock) else {},
-        silent=missing,
-        unfinished=unfinished,
+        silent=named.missing,
+        unfinished=named.unfinished,
+        blame_notes=named.notes + _rank_lines(collected),
         errors={h: str(f["error"]) for h, f in by_host.items() if f.get("error")},
         groups=groups,
         seconds=seconds,
         first_word_seconds=_since(collected.started, collected.first_word),
         phases={hosts[r]: p for r, p in collected.phases.items()},
         ranks_per_host=ranks_per_host,
-        mpirun_said=said if said and (missing or collected.exit_code not in (None, 0)) else "",
+        mpirun_said=said if said and (named.missing or collected.exit_code not in (None, 0)) else "",
     )
+
+
+def _rank_lines(collected: Collected) -> tuple[str, ...]:
+    """A probe's last lines other than its findings, shown (never matched) when a host did not finish."""
+    if len(collected.done) == len(collected.hosts) or not collected.rank_lines:
+        return ()
+    return (f"the probes' last other lines: {mpirun_message(collected.rank_lines)}",)
 
 
 def _since(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else end - start
 
 
-def _unfinished(
-    collected: Collected, seconds: float, timeout: float, silence: float
-) -> tuple[dict[str, str], dict[str, str]]:
-    """Hosts missing (silent, or where the probes' MPI job failed) and hosts that ran to the bound; why."""
-    hosts = collected.hosts
-    not_done = [r for r in range(len(hosts)) if r not in collected.done]
-    # A probe's own error line is evidence too when mpirun hangs on it to the bound (the other probes wait in
-    # MPI_Init for the one that failed, and none is heard from): the line's host is named, not every host.
-    if not_done and (collected.failed or probe_error_host(collected.other, hosts) is not None):
-        return _blame(collected, not_done, seconds), {}
-    if collected.launch is not None and not collected.launch.probe_ran and not collected.heard:
-        return launch.stall_reasons(collected.launch, hosts), {}  # the hosts mpirun's launch waited on
-    silent = set(collected.silent(min(silence, timeout)))
-    missing: dict[str, str] = {}
-    unfinished: dict[str, str] = {}
-    for rank in not_done:
-        if rank not in collected.heard:
-            missing[hosts[rank]] = f"did not answer: no word from its probe in {seconds:.1f}s"
-        elif rank in silent:
-            missing[hosts[rank]] = (
-                f"stopped answering during the pre-flight: no word for {min(silence, timeout):g}s"
-            )
-        elif not silent and "error" not in collected.found.get(rank, {}):
-            unfinished[hosts[rank]] = f"the pre-flight did not finish within {timeout:g}s"
-    return missing, unfinished
-
-
-def _blame(collected: Collected, not_done: Sequence[int], seconds: float) -> dict[str, str]:
-    """When the probes' MPI job failed, the hosts the evidence points at, with why: the host mpirun's own
-    message names (a lost daemon or rank, where it ran), else none beyond the probes that reported an error,
-    else the hosts never heard from while others were; only with no evidence at all, every host not done."""
-    hosts = collected.hosts
-    message = mpirun_message(collected.other) or f"mpirun exited with code {collected.exit_code}"
-    blamed = blamed_host(collected.other, hosts)
-    if blamed is not None:
-        return {blamed: f"the pre-flight's MPI job failed there: {message}"}
-    if any("error" in collected.found.get(r, {}) for r in not_done):
-        return {}  # each probe's own error names its host
-    unheard = [r for r in not_done if r not in collected.heard]
-    if unheard and len(unheard) < len(hosts):
-        why = f"did not answer: no word from its probe in {seconds:.1f}s; mpirun: {message}"
-        return {hosts[r]: why for r in unheard}
-    return {hosts[r]: f"the pre-flight's MPI job failed: {message}" for r in not_done}
-
-
 def lost_daemon(collected: Collected) -> str | None:
     """mpirun's message when the probes' MPI job ended because mpirun lost one of its daemons before every
     probe was done, else None: a connection that dropped once, which the check's second attempt tells from
     a host that cannot keep one (seen on compose networks, where the job's own mpirun then ran). Pure."""
-    said = mpirun_message(collected.other)
+    said = mpirun_message(collected.own)
     unfinished = len(collected.done) < len(collected.hosts)
     return said if collected.failed and unfinished and LOST_DAEMON in said else None
 
@@ -356,50 +216,7 @@ def stalled_launch(collected: Collected) -> str | None:
     seen = collected.launch
     if seen is None or seen.probe_ran or not seen.ended_it:
         return None
-    return launch.stall_note(seen, collected.hosts)
-
-
-def mpirun_message(lines: Iterable[bytes]) -> str:
-    """mpirun's own text, whole, on one line (its messages' borders of dashes left out). Pure."""
-    text = [line.decode(errors="replace").strip() for line in lines]
-    whole = " ".join(" ".join(line for line in text if line and not _RULE.match(line)).split())
-    return whole if len(whole) <= MESSAGE_LIMIT else whole[: MESSAGE_LIMIT - 3] + "..."
-
-
-def probe_error_host(lines: Iterable[bytes], hosts: Sequence[str]) -> str | None:
-    """The host whose probe printed the first error line (Open MPI's, from MPI_Init: mpirun tags it with the
-    rank; a healthy probe's warning is not one), else None. Pure."""
-    for line in lines:
-        tag = _TAG.match(line)
-        if tag and int(tag.group(1)) < len(hosts) and _ERROR_WORD.search(line.decode(errors="replace")):
-            return hosts[int(tag.group(1))]
-    return None
-
-
-def blamed_host(lines: Iterable[bytes], hosts: Sequence[str]) -> str | None:
-    """The host mpirun's own text names as where the job failed: the rank it says failed first (its host),
-    else the rank whose probe printed the first error line (mpirun tags it; a healthy probe's warning is not
-    one), else the first host named on a line other than the one of mpirun's own daemon (`HNP daemon`).
-    Pure."""
-    raw = list(lines)
-    text = [line.decode(errors="replace") for line in raw]
-    failed = parse_mpirun_verdict("\n".join(text))
-    if failed is not None and failed.host in hosts:
-        return failed.host
-    if failed is not None and failed.rank is not None and 0 <= failed.rank < len(hosts):
-        return hosts[failed.rank]
-    erring = probe_error_host(raw, hosts)
-    if erring is not None:
-        return erring
-    for line in text:
-        if "HNP" in line:
-            continue
-        found = [
-            (m.start(), h) for h in hosts if (m := re.search(rf"(?<![\w-]){re.escape(h)}(?![\w-])", line))
-        ]
-        if found:
-            return min(found)[1]
-    return None
+    return stall_note(seen, collected.hosts)
 
 
 _is_links = map_of(is_number)  # a probe's link figures: MB/s by host

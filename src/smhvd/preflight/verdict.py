@@ -1,10 +1,13 @@
 """The pre-flight's verdict: from what every host's probe said, which host is wrong and why; the table and the
 one-line verdict for the log, and the object for job-summary.json. Pure functions only.
 
-A host is compared with three things: fixed floors (free /dev/shm and disk, clock offset: options), what its
-instance type promises (GPUs), and the other hosts (the median of link and GPU bandwidths; the majority of its
-instance group for GPUs, CPUs, memory and EFA devices; the majority of all hosts for library versions, the
-leader's value breaking a tie). Each named host gets one reason: the first rule it breaks, in this order.
+A host that reported is compared with three things: fixed floors (free /dev/shm and disk, clock offset:
+options), what its instance type promises (GPUs), and the hosts like it (the median of link and GPU
+bandwidths of its kind; the majority of its instance group for GPUs, CPUs, EFA devices and library versions,
+the NVIDIA driver only among the hosts that have one, the leader's value breaking a tie; memory within
+MEMORY_TOLERANCE of its group's median). Each named host gets one reason: the first rule it breaks, in this
+order. Who is named for not finishing (silent, failed, a stalled launch), and on what evidence, is blame.py's
+decision: its reasons come in the findings (`silent`, `unfinished`) and are applied here as they are.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from smhvd.preflight import nccl_net
 from smhvd.preflight.facts import HostFacts
 from smhvd.preflight.instance_types import EXPECTED_BUSBW_GBPS, gpu_count
 from smhvd.preflight.nccl_net import NcclNet
-from smhvd.preflight.network import late_trip, median
+from smhvd.preflight.yardstick import late_trip, median
 
 # /dev/shm a job needs on a host (docs/preflight.md): Open MPI's shared-memory transport maps a segment of
 # btl_vader_segment_size (4 MiB) for each rank of the host; NCCL's buffers between the GPUs of a host that are
@@ -36,6 +39,8 @@ DISK_FIX = (
     "free space there (SageMaker: the estimator's volume_size) or lower launcher_preflight_min_free_disk_mb"
 )
 OTHER_VERSION = "runs another version of the launcher"
+MEMORY_TOLERANCE = 0.05  # of its group's median: MemTotal varies by the kernel's reserve, a lost DIMM more
+ONLY_WHERE_PRESENT = frozenset({"driver"})  # compared only among the hosts that have one
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class Findings:
     nccl_net: Mapping[str, NcclNet] = field(default_factory=dict)  # host -> the network NCCL will use
     ranks_per_host: int = 1
     mpirun_said: str = ""  # mpirun's own message, whole, when its job failed or a host is missing
+    blame_notes: tuple[str, ...] = ()  # what the evidence about the hosts that did not finish cannot tell
     first_attempt: str = ""  # how the first attempt ended when it lost a daemon or its launch stalled
     links: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # dst -> src -> MB/s
     # dst -> src -> CPU share: slow links no alone measurement could judge, an end never having had its CPU
@@ -273,45 +279,80 @@ def _host_reasons(findings: Findings, options: PreflightOptions, facts: HostFact
     return out
 
 
+def _members(
+    facts: Mapping[str, HostFacts], groups: Mapping[str, tuple[str, str | None]], leader: str
+) -> list[tuple[str, dict[str, HostFacts], str]]:
+    """Each instance group's (name, its hosts' facts, its reference host: the leader's group's is the
+    leader). Pure."""
+    group_of = {h: groups.get(h, ("", None))[0] for h in facts}
+    out = []
+    for group in sorted(set(group_of.values())):
+        members = {h: f for h, f in facts.items() if group_of[h] == group}
+        out.append((group, members, leader if leader in members else min(members)))
+    return out
+
+
+def _where(group: str) -> str:
+    return f"the other hosts of {group}" if group else "the other hosts"
+
+
 def _group_reasons(
     facts: Mapping[str, HostFacts], groups: Mapping[str, tuple[str, str | None]], leader: str
 ) -> dict[str, list[str]]:
-    """Hosts unlike the majority of their instance group: GPUs, CPUs, EFA devices, memory (whole GB)."""
+    """Hosts unlike the majority of their instance group: GPUs, CPUs, EFA devices; memory beyond a
+    tolerance of its group's median (MemTotal differs by what the kernel reserves)."""
     out: dict[str, list[str]] = {}
-    group_of = {h: groups.get(h, ("", None))[0] for h in facts}
-    for group in sorted(set(group_of.values())):
-        members = {h: f for h, f in facts.items() if group_of[h] == group}
-        ref = leader if leader in members else min(members)
-        where = f"the other hosts of {group}" if group else "the other hosts"
+    for group, members, ref in _members(facts, groups, leader):
         values: dict[str, dict[str, object]] = {
             "GPU(s) visible": {h: f.gpus for h, f in members.items()},
             "CPUs": {h: f.cpus for h, f in members.items()},
             "EFA device(s)": {h: len(f.efa_devices) for h, f in members.items()},
-            "GB of memory": {h: round(f.memory_gb or 0) for h, f in members.items()},
         }
         for what, by_host in values.items():
-            for host, why in _odd_ones(by_host, ref, f"{{value}} {what}; {where} have {{usual}}").items():
+            say = f"{{value}} {what}; {_where(group)} have {{usual}}"
+            for host, why in _odd_ones(by_host, ref, say).items():
                 out.setdefault(host, []).append(why)
+        memory = {h: f.memory_gb for h, f in members.items() if f.memory_gb is not None}
+        for host, why in memory_reasons(memory, _where(group)).items():
+            out.setdefault(host, []).append(why)
     return out
 
 
-def _version_reasons(facts: Mapping[str, HostFacts], leader: str) -> dict[str, list[str]]:
-    """Hosts whose library versions differ from the majority of all hosts."""
+def memory_reasons(memory_gb: Mapping[str, float], where: str) -> dict[str, str]:
+    """Hosts whose memory is more than MEMORY_TOLERANCE off the median of their group's (`memory_gb`, one
+    group's hosts). Pure."""
+    usual = median(memory_gb.values())
+    if usual is None or len(memory_gb) < 2:
+        return {}
+    return {
+        h: f"{gb:g} GB of memory; {where} have {usual:g}"
+        for h, gb in memory_gb.items()
+        if abs(gb - usual) > MEMORY_TOLERANCE * usual
+    }
+
+
+def _version_reasons(
+    facts: Mapping[str, HostFacts], groups: Mapping[str, tuple[str, str | None]], leader: str
+) -> dict[str, list[str]]:
+    """Hosts whose library versions differ from the majority of their instance group; the NVIDIA driver
+    only among the hosts that have one (a CPU host has none, and is no evidence against a GPU host)."""
     out: dict[str, list[str]] = {}
-    names = sorted({name for f in facts.values() for name in f.versions})
-    for name in names:
-        values = {h: f.versions.get(name, "none") for h, f in facts.items()}
-        for host, why in _odd_ones(
-            values, leader, f"{name} {{value}}; the other hosts have {{usual}}"
-        ).items():
-            out.setdefault(host, []).append(why)
+    for group, members, ref in _members(facts, groups, leader):
+        names = sorted({name for f in members.values() for name in f.versions})
+        for name in names:
+            values = {h: f.versions.get(name, "none") for h, f in members.items()}
+            if name in ONLY_WHERE_PRESENT:
+                values = {h: v for h, v in values.items() if v != "none"}
+            say = f"{name} {{value}}; {_where(group)} have {{usual}}"
+            for host, why in _odd_ones(values, ref, say).items():
+                out.setdefault(host, []).append(why)
     return out
 
 
 def _latency_reasons(
     clock: Mapping[str, Mapping[str, float]], ratio: float
 ) -> tuple[dict[str, str], float | None]:
-    """Hosts whose round trip from the leader is late (network.late_trip)."""
+    """Hosts whose round trip from the leader is late (yardstick.late_trip)."""
     trips = {h: c["rtt_ms"] for h, c in clock.items() if c.get("rtt_ms") is not None}
     med = median(list(trips.values()))
     if med is None or len(trips) < 3:
@@ -344,7 +385,10 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
     facts = {h: f for h, f in findings.facts.items() if h in reasons}
     for host, f in facts.items():
         reasons[host] += _host_reasons(findings, options, f, host)
-    for more in (_group_reasons(facts, findings.groups, leader), _version_reasons(facts, leader)):
+    for more in (
+        _group_reasons(facts, findings.groups, leader),
+        _version_reasons(facts, findings.groups, leader),
+    ):
         for host, why in more.items():
             reasons[host] += why
     group_of = {h: findings.group_of(h) for h in hosts}
@@ -363,7 +407,7 @@ def judge(findings: Findings, options: PreflightOptions) -> Verdict:
     named = tuple(Named(h, why[0]) for h, why in reasons.items() if why)
     rows = tuple(_row(findings, h, reasons[h]) for h in hosts)
     notes = tuple(sorted({f"{h}: {note}" for h, f in facts.items() for note in f.notes})) + tuple(link_notes)
-    notes += _mpirun_notes(findings)
+    notes += findings.blame_notes + _mpirun_notes(findings)
     medians = {"link_mb_s": link_median, "rtt_ms": rtt_median, "gpu_busbw_gbps": gpu_median}
     if findings.gpu_cluster:
         medians["cluster_busbw_gbps"] = median(g.get("busbw_gbps") for g in findings.gpu_cluster.values())

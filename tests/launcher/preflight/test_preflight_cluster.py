@@ -453,7 +453,7 @@ FAILURES: dict[str, tuple[Fault, str, str, dict[str, int]]] = {
     "a worker's /tmp full": (
         full_tmp,
         "algo-3",
-        "pre-flight named algo-3: the pre-flight's MPI job failed there: [1,2]<stderr>:[algo-3:",
+        "pre-flight named algo-3: Open MPI failed in its probe: [algo-3:",
         dict.fromkeys(HOSTS, 75),
     ),
     "a worker's train killed during the check": (
