@@ -26,7 +26,9 @@ usage: $(basename "$0") [options] IMAGE [train|preflight]
                            it must not exist yet or be empty
   --engine E               docker or podman (default: docker when its daemon answers \`docker info\`, else
                            podman with the project's store, where bin/build.sh puts images; docs/images.md)
-  --gpu                    give each container every GPU (docker: --gpus all; podman: CDI nvidia.com/gpu=all)
+  --gpu                    give each container every GPU (docker: --gpus all; podman: CDI nvidia.com/gpu=all);
+                           without an NVIDIA driver (or, for podman, a CDI spec) one line says what is missing
+                           and the fix, exit 69
   --gpus-per-host G        with --gpu: split this machine's GPUs, G per container: algo-1 gets GPUs 0..G-1,
                            algo-2 the next G, ...
   --network NAME           container network (e.g. host, with 1 host); default: the engine's, or with --hosts N
@@ -44,6 +46,8 @@ Examples:
   $(basename "$0") --hosts 2 --processes-per-host 2 --source examples/code --entry-point train.py \\
       sagemaker-horovod:cpu
   $(basename "$0") --gpu sagemaker-horovod:gpu preflight
+  $(basename "$0") sagemaker-horovod:cpu preflight      # the same check of a host without a GPU
+Exit: the job's exit code (the last host's line says it); 2: a bad argument; 69: --gpu and no GPU for a container.
 USAGE
 }
 
@@ -185,6 +189,40 @@ first=${image%%/*}
 if [ "$engine" = podman ] && ! podman image exists "$image" \
   && { [ "$first" = "$image" ] || ! [[ "$first" == *.* || "$first" == *:* || "$first" == localhost ]]; }; then
   die "image $image is not in the store above: build it with bin/build.sh (same engine choice, same store)"
+fi
+
+# --gpu on a machine that cannot give a container its GPUs: one line saying what is missing and the fix, exit
+# EX_UNAVAILABLE (69), before anything is made (the engine's own error was podman's 126 "unresolvable CDI devices
+# nvidia.com/gpu=all", or docker's 125, naming no fix). A dry run starts no container and is not checked.
+EX_UNAVAILABLE=69
+NVIDIA_DRIVER=/proc/driver/nvidia/version  # present when the driver is loaded
+CDI_DIRS=(/etc/cdi /var/run/cdi)
+# cdi_has_gpu: a CDI spec in CDI_DIRS names nvidia.com/gpu devices (what podman's --device nvidia.com/gpu=... needs).
+cdi_has_gpu() {
+  local dir spec
+  for dir in "${CDI_DIRS[@]}"; do
+    for spec in "$dir"/*; do
+      if grep -qs 'nvidia.com/gpu' "$spec"; then return 0; fi
+    done
+  done
+  return 1
+}
+# gpu_missing: why this machine cannot give the containers its GPUs under $engine; nothing when it can.
+gpu_missing() {
+  if [ ! -e "$NVIDIA_DRIVER" ]; then
+    echo "no NVIDIA driver on this machine ($NVIDIA_DRIVER is missing): drop --gpu to check or run on the CPU" \
+      "(e.g. $(basename "$0") $image $command)"
+  elif [ "$engine" = podman ] && ! cdi_has_gpu; then
+    echo "podman finds no CDI device nvidia.com/gpu (no spec in ${CDI_DIRS[*]}): generate one with" \
+      "\`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml\` (NVIDIA Container Toolkit), or drop --gpu"
+  fi
+}
+if [ "$gpu" = 1 ] && [ "$dry_run" = 0 ]; then
+  why=$(gpu_missing)
+  if [ -n "$why" ]; then
+    echo "local-train.sh: --gpu: $why" >&2
+    exit "$EX_UNAVAILABLE"
+  fi
 fi
 
 # Hosts find each other by name (algo-K) through podman's netavark network backend and its DNS, aardvark-dns.

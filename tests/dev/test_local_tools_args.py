@@ -115,20 +115,53 @@ def test_local_registry_refuses_a_bad_argument_in_one_line_before_it_creates_any
 
 
 STUB_DAEMON = """#!/bin/sh
+echo "docker $*" >>"$(dirname "$0")/calls.log"
 [ "$1" = info ] && exit 0
 exit 1
 """
 
 
-def test_hyperparameters_from_a_process_substitution_are_read_once_for_every_host(tmp_path: Path) -> None:
-    """`--hyperparameters <(echo ...)`, as a user types it in bash: the pipe is read once, every host's tree
-    gets the values (it was refused: `/dev/fd/63: no such file`)."""
+def answering_docker(tmp_path: Path) -> dict[str, str]:
+    """The environment with a `docker` first on PATH whose `info` answers: a stand-in for a daemon (none can
+    run here); every call is recorded in calls.log beside it."""
     stub = tmp_path / "bin"
     stub.mkdir()
-    (stub / "docker").write_text(STUB_DAEMON)  # a stand-in for a daemon that answers: none can run here
+    (stub / "docker").write_text(STUB_DAEMON)
     (stub / "docker").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTAINERS_", "DOCKER_"))}
     env["PATH"] = f"{stub}{os.pathsep}{env['PATH']}"
+    return env
+
+
+@pytest.mark.skipif(Path("/proc/driver/nvidia/version").exists(), reason="this machine has an NVIDIA driver")
+def test_gpu_without_a_driver_is_one_line_with_the_fix_and_exit_69(tmp_path: Path) -> None:
+    """README's stand-alone pre-flight line on a machine without a GPU (it was podman's 126, `unresolvable
+    CDI devices nvidia.com/gpu=all`). podman's branch (a driver, no CDI spec) needs a driver: not run here."""
+    env = answering_docker(tmp_path)
+    work = tmp_path / "job"
+    proc = run(
+        "local-train.sh",
+        "--gpu",
+        "--work",
+        str(work),
+        "sagemaker-horovod:gpu",
+        "preflight",
+        cwd=REPO,
+        env=env,
+    )
+    assert proc.returncode == 69, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "local-train.sh: --gpu: no NVIDIA driver on this machine (/proc/driver/nvidia/version is missing): "
+        "drop --gpu to check or run on the CPU (e.g. local-train.sh sagemaker-horovod:gpu preflight)"
+    )
+    assert not work.exists()
+    assert "docker run" not in (tmp_path / "bin" / "calls.log").read_text()
+
+
+def test_hyperparameters_from_a_process_substitution_are_read_once_for_every_host(tmp_path: Path) -> None:
+    """`--hyperparameters <(echo ...)`, as a user types it in bash: the pipe is read once, every host's tree
+    gets the values (it was refused: `/dev/fd/63: no such file`)."""
+    env = answering_docker(tmp_path)
     work = tmp_path / "job"
     line = (
         f"bin/local-train.sh --dry-run --hosts 2 --work {work} "
