@@ -1,6 +1,7 @@
 """The process's one event loop, for its whole life: readable and writable files, process exits (a pidfd
 each) and timers, waited for in one select, each owner's in a Scope (docs/architecture.md). Once stopped,
-nothing more is handled, neither the round's other events nor due timers.
+nothing more is handled, neither the round's other events nor due timers. A cleanup's wait for processes
+(`wait_exits`) has a loop of its own: nothing but its processes is handled while something ends.
 """
 
 from __future__ import annotations
@@ -208,9 +209,12 @@ def follow_output(
 
 def wait_exits(pids: Iterable[int], timeout: float) -> bool:
     """Wait until every process of `pids` has exited (children or not: a pidfd each), at most `timeout`
-    seconds; True when they all did. A process already gone counts as exited. On this process's loop."""
+    seconds; True when they all did. A process already gone counts as exited. A cleanup's wait (a step's
+    tree, the link sessions, a script at the job's end): on a loop of its own, which watches these processes
+    only, so that no other owner's callback runs (and raises a second ending over the first) meanwhile; what
+    the others watch waits for the process loop's next wait."""
     ends = Timer("wait_exits deadline")
-    with process_loop().scope() as scope:
+    with Loop() as own, own.scope() as scope:
         left: dict[int, int] = {}  # pid -> its pidfd
 
         def exited(pid: int) -> None:

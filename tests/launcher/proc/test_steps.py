@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from smhvd.proc.loop import process_loop
 from smhvd.proc.processes import is_alive
 from smhvd.proc.steps import OUTPUT_LIMIT, STOP_GRACE, StepResult, last_line, private_tmpdir, run_step
+from smhvd.proc.timers import Timer
 from smhvd.proc.waiting import wait_until
 
 # A step that writes a file in its TMPDIR, starts a helper (which keeps the step's stdout open) and a daemon
@@ -355,3 +357,40 @@ def test_a_daemon_started_beside_a_step_is_not_the_steps_though_it_is_re_parente
     )
     assert result["returncode"] == 0
     assert result["daemon_alive"] is True
+
+
+class _First(Exception):
+    """What ended the step's wait first (the leader's `end`, a stop)."""
+
+
+class _Second(Exception):
+    """What another owner's callback would raise while the step's tree ends (its link closing)."""
+
+
+@pytest.mark.integration
+def test_the_ending_that_interrupts_a_step_is_the_one_raised_whatever_happens_while_its_tree_ends():
+    """Issue 53.2: a worker's pip ignoring SIGTERM is ended by the leader's `end`; while its tree ends (up to
+    STOP_GRACE), the leader's link closes. That second callback once ran in the cleanup's wait and its
+    exception replaced the first (the worker exited 69 'lost the leader', not with the leader's code): the
+    cleanup now waits on its own processes only, and the second waits for the loop's next wait."""
+    ignores_sigterm = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+    peer = subprocess.Popen(["sleep", "1"])  # ends while the step's tree is being ended
+    seen: list[str] = []
+
+    def closed() -> None:
+        seen.append("second")
+        raise _Second
+
+    def first() -> None:
+        raise _First
+
+    with process_loop().scope() as other:
+        other.exit_of(peer.pid, closed)
+        other.timers.after(Timer("the first ending"), 0.3, first)
+        started = time.monotonic()
+        with pytest.raises(_First):
+            run_step([sys.executable, "-c", ignores_sigterm])
+        took = time.monotonic() - started
+    peer.wait()
+    assert seen == []
+    assert STOP_GRACE <= took < STOP_GRACE + 30  # the tree was ended (SIGKILL after the grace), then raised
