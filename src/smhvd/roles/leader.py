@@ -26,17 +26,19 @@ from smhvd.config.job import Job
 from smhvd.env_options import read_env_options
 from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, Stopped, exit_for
 from smhvd.hostenv import server
+from smhvd.inflight.monitor import Monitor
 from smhvd.link import ALIVE, END, START, STOP, Event
 from smhvd.link.connect import Linking
 from smhvd.mpi.command import SSH_CONFIG, MpiPlan, build_mpirun_argv, display, plan_for, require_mpirun
 from smhvd.mpi.output import parse_mpirun_verdict
 from smhvd.mpi.supervisor import Outcome, supervise
+from smhvd.preflight.check import groups as instance_groups
 from smhvd.preflight.check import run_preflight
 from smhvd.preflight.launch import JobLaunch
 from smhvd.preflight.verdict import Verdict
 from smhvd.proc.signals import SignalWatch
 from smhvd.report import failure, summary
-from smhvd.report.stacks import STOP_DUMP_WAIT, Dumps, StackDumper
+from smhvd.report.stacks import STOP_DUMP_WAIT, Dumps, StackDumper, stop_reason
 from smhvd.roles.sshd import render_ssh_config
 from smhvd.wire import HOSTENV_SERVED_FROM, RANK_ARGV, RankFailure
 
@@ -55,7 +57,7 @@ class State(enum.Enum):
 
 
 NEXT = {
-    State.PREPARING: (State.LINKING,),
+    State.PREPARING: (State.LINKING, State.ENDED),
     State.LINKING: (State.CHECKING, State.RUNNING, State.ENDED),
     State.CHECKING: (State.RUNNING, State.ENDED),
     State.RUNNING: (State.STOPPING, State.ENDED),
@@ -103,11 +105,11 @@ def failure_reason(outcome: Outcome) -> str:
 
 def conclude(job: Job, outcome: Outcome, dump_line: str | None = None) -> tuple[int, str]:
     """The job's exit code and failure reason; writes the failure file (first writer wins). A stack dump's
-    summary line, when one was taken, comes first (and makes a stopped job leave a failure file too)."""
+    summary line, when one was taken, comes first; a stopped job's file says so first (stacks.stop_reason)."""
     if outcome.stopped:
         log.info("job stopped (mpirun exit %d)", outcome.exit_code)
-        if dump_line:
-            failure.write_failure(job.paths.failure_file, failure.compose(dump_line, "the job was stopped"))
+        started = len(outcome.output.starts)
+        failure.write_failure(job.paths.failure_file, stop_reason(dump_line, started, job.num_processes))
         return EX_STOPPED, ""
     if outcome.exit_code == 0:
         log.info("job succeeded")
@@ -144,6 +146,7 @@ class Leader:
         self.dumps = Dumps(lambda _why: None)
         self.told: dict[str, bool] = {}  # whom the job's end reached
         self.launch = JobLaunch(())  # the job's mpirun's launch, looked at from the heartbeat
+        self.inflight: Monitor | None = None  # in-flight (docs/inflight.md): judged at every heartbeat
 
     def __enter__(self) -> Leader:
         if self.job.multi_host:
@@ -180,12 +183,18 @@ class Leader:
             self.told = self.linking.end(event, wait)
         elif self.linking is not None:
             self.told = self.linking.tell(event)
-        self.state = State.ENDED
+        self._to(State.ENDED)
 
     def heartbeat(self) -> None:
         self.launch.check()
+        if self.inflight is not None:
+            self.inflight.tick()
         if self.linking is not None:
             self.linking.tell(Event(ALIVE))
+
+    def inflight_reports(self, lines: bytes) -> None:
+        if self.inflight is not None:
+            self.inflight.feed(lines)
 
     def stopping(self) -> None:
         """A stop that reached only the leader (a user's stop, Ctrl-C) stops every host's ranks."""
@@ -236,7 +245,8 @@ class Leader:
         else:
             code, reason = 0, ""
         self.end(code, reason)
-        report(job, plan, result, code, reason, started_at, self.told, verdict, preflight_only)
+        inflight = self.inflight.to_json() if self.inflight is not None else None
+        report(job, plan, result, code, reason, started_at, self.told, verdict, preflight_only, inflight)
         return code
 
     def _run_mpirun(
@@ -250,9 +260,20 @@ class Leader:
         )
         self.dumps = Dumps(stacks.start, stacks.finished, self.job.options.launcher.hang_dump_seconds)
         self.launch = JobLaunch(plan.hosts if plan.multi_host else ())
+        self.inflight = inflight_monitor(self.job)
         result = supervise(argv, env, code_dir, watch, self)
+        if self.inflight is not None:
+            self.inflight.tick()  # what came since the last heartbeat
         stacks.finish(STOP_DUMP_WAIT)
         return result, stacks.last_line
+
+
+def inflight_monitor(job: Job) -> Monitor | None:
+    """The job's in-flight watch: on, with several MPI hosts to compare (docs/inflight.md)."""
+    if job.options.launcher.inflight == "off" or not job.mpi_multi_host:
+        return None
+    groups = {host: group for host, (group, _) in instance_groups(job).items()}
+    return Monitor(groups, job.paths.output_data_dir / summary.FILE_NAME)
 
 
 def report(
@@ -265,6 +286,7 @@ def report(
     told: Mapping[str, bool],
     verdict: Verdict | None = None,
     preflight_only: bool = False,
+    inflight: Mapping[str, object] | None = None,
 ) -> None:
     """Log the job summary and write it to output/data/job-summary.json."""
     share = None
@@ -287,6 +309,7 @@ def report(
         horovod_op_share=share,
         preflight=verdict.to_json() if verdict is not None else None,
         preflight_only=preflight_only,
+        inflight=inflight,
     )
     log.info("%s", result.render())
     try:

@@ -84,15 +84,61 @@ def test_mpirun_missing_from_the_leaders_path(launch: Launch) -> None:
     assert "Traceback" not in log_of(processes["algo-1"])
 
 
-def test_the_leaders_pip_failing(launch: Launch) -> None:
-    def leaders_requirements(cluster: Cluster) -> None:
-        requirements = cluster.ml_dir("algo-1") / "code" / "requirements.txt"
-        requirements.write_text("--no-index\nsmhvd-no-such-pkg\n")
+# A local package whose build ignores SIGTERM (as a long native build can for a while): pip's step takes
+# STOP_GRACE to end. Its build says it started in /opt/ml/output/building (seen from outside the host).
+SLOW_BUILD = (
+    "import pathlib, signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "pathlib.Path('/opt/ml/output/building').touch()\n"
+    "time.sleep(300)\n"
+)
 
-    cluster, processes = launch("sleep", prepare=leaders_requirements, seconds=300)
+
+def slow_build(cluster: Cluster, host: str) -> dict[str, str]:
+    """`host`'s requirements.txt is a local package whose build ignores SIGTERM; the variable that builds it
+    with the launcher's own setuptools (the hosts have no index to fetch one from)."""
+    package = cluster.ml_dir(host) / "code" / "slowpkg"
+    package.mkdir()
+    (package / "setup.py").write_text(SLOW_BUILD)
+    (cluster.ml_dir(host) / "code" / "requirements.txt").write_text("--no-index\n./slowpkg\n")
+    return {"PIP_NO_BUILD_ISOLATION": "0"}
+
+
+def wait_building(cluster: Cluster, host: str) -> None:
+    building = cluster.ml_dir(host) / "output" / "building"
+    wait_for(lambda: building.exists() or None, f"{host}'s pip to build the slow package", 120)
+
+
+def test_the_leaders_pip_failing_while_the_workers_pip_builds(launch: Launch) -> None:
+    """Issue 53.2: the worker's pip is ended by the leader's `end` and takes STOP_GRACE to end, while the
+    leader hangs up: the worker exits with the leader's code and reason, never 69 'its link closed' (4 of 4
+    runs before)."""
+
+    def pip_held_on_both(cluster: Cluster) -> dict[str, dict[str, str]]:
+        hold_the_leaders_pip(cluster)
+        return {"algo-2": slow_build(cluster, "algo-2")}
+
+    cluster, processes = launch("sleep", prepare=pip_held_on_both, seconds=300)
+    wait_building(cluster, "algo-2")
+    fail = "printf '%s\\n' --no-index smhvd-no-such-pkg > /tmp/hold"  # the leader's pip then fails
+    assert cluster.exec("algo-1", ["sh", "-c", fail])[0] == 0
     assert_worker_ended_with_the_leader(
         cluster, processes, 70, "/opt/ml/code/requirements.txt: pip install failed (exit 1)", "pip failing"
     )
+
+
+def test_a_stop_of_every_host_while_the_leaders_pip_builds(launch: Launch) -> None:
+    """Issue 53.2: SageMaker stops every host; the worker ends at once and its link closes while the leader's
+    pip takes STOP_GRACE to end: the leader exits 143 for its stop, never 69 'algo-2 ended'."""
+    cluster, processes = launch("sleep", prepare=lambda c: {"algo-1": slow_build(c, "algo-1")}, seconds=300)
+    wait_building(cluster, "algo-1")
+    for process in processes.values():
+        process.send_signal(signal.SIGTERM)
+    codes = {host: process.wait(120) for host, process in processes.items()}
+    assert codes == dict.fromkeys(HOSTS, 143), log_of(processes["algo-1"])
+    assert failure(cluster, "algo-1").startswith("stopped by SIGTERM before the job started, during pip")
+    took = (processes["algo-1"].ended or 0.0) - (processes["algo-2"].ended or 0.0)
+    print(f"\nevery host stopped: the leader exited {took:.2f} s after the worker (exit 143)")
 
 
 def test_a_configuration_error_only_the_leader_finds(launch: Launch) -> None:
