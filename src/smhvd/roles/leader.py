@@ -16,15 +16,16 @@ import enum
 import json
 import logging
 import os
+import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
 from smhvd.config.job import Job
 from smhvd.env_options import read_env_options
-from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, Stopped, exit_for
+from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, PeerError, Stopped, exit_for
 from smhvd.hostenv import server
 from smhvd.inflight.monitor import Monitor
 from smhvd.link import ALIVE, END, START, STOP, Event
@@ -36,7 +37,7 @@ from smhvd.preflight.check import groups as instance_groups
 from smhvd.preflight.check import run_preflight
 from smhvd.preflight.launch import JobLaunch
 from smhvd.preflight.verdict import Verdict
-from smhvd.proc.signals import SignalWatch
+from smhvd.proc.signals import STOP_SIGNALS, SignalWatch
 from smhvd.report import failure, summary
 from smhvd.report.stacks import STOP_DUMP_WAIT, Dumps, StackDumper, stop_reason
 from smhvd.roles.sshd import render_ssh_config
@@ -134,6 +135,20 @@ def preflight_stop(job: Job, verdict: Verdict | None, only: bool) -> str | None:
     return failure.compose(f"pre-flight named {first.host}: {first.reason}", more.strip())
 
 
+@contextlib.contextmanager
+def stop_first(watch: SignalWatch) -> Iterator[None]:
+    """A worker's link closed before the start (PeerError) while this host's own stop waits on `watch`, not
+    looked at yet (the pre-flight looks every half beat): SageMaker stopped every host, the worker's end is
+    the stop's, and the stop is the cause (143), not the worker (issue 53.2)."""
+    try:
+        yield
+    except PeerError:
+        stops = [sig for sig in watch.drain() if sig in STOP_SIGNALS]
+        if stops:
+            raise Stopped(f"stopped by {signal.Signals(stops[0]).name} before the job started") from None
+        raise
+
+
 class Leader:
     """The leader's life (the module's docstring). A context manager: from its start it reaches the workers
     (several hosts); its end tells them why the job ended before it started, if it did, and hangs up."""
@@ -223,7 +238,12 @@ class Leader:
         plan.hostfile.write_text(plan.hostfile_text)
         verdict: Verdict | None = None
         result: Outcome | None = None
-        with SignalWatch() as watch, server.claimed(served_from), server.serving(served_from, host_env):
+        with (
+            SignalWatch() as watch,
+            server.claimed(served_from),
+            server.serving(served_from, host_env),
+            stop_first(watch),
+        ):
             if self.linking is not None:
                 self.keep = [link.proc.pid for link in self.linking.wait(watch)]
             if preflight_only or job.options.preflight.policy != "off":

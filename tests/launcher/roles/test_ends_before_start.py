@@ -214,3 +214,21 @@ def test_only_a_worker_that_never_reached_a_leader_waits_its_timeout(launch: Lau
     assert failure(cluster, "algo-2") == (
         "the leader algo-1 did not start the job within 5s (launcher_leader_timeout_seconds)"
     )
+
+
+def test_a_stop_of_every_host_during_the_pre_flight(launch: Launch) -> None:
+    """Issue 53.2: the worker ends at once on its stop, and its link closes before the pre-flight looks at the
+    leader's own stop (every half beat): the leader exits 143 for its stop, never 69 'algo-2 ended'."""
+    cluster, processes = launch("sleep", env={"algo-1": {"SMHVD_LOG_LEVEL": "DEBUG"}}, seconds=300)
+    wait_for(
+        lambda: "leader: LINKING -> CHECKING" in processes["algo-1"].log.read_text() or None,
+        "the leader's pre-flight",
+        120,
+    )
+    for process in processes.values():
+        process.send_signal(signal.SIGTERM)
+    codes = {host: process.wait(120) for host, process in processes.items()}
+    assert codes == dict.fromkeys(HOSTS, 143), log_of(processes["algo-1"])
+    assert failure(cluster, "algo-1").startswith("stopped by SIGTERM before the job started")
+    took = (processes["algo-1"].ended or 0.0) - (processes["algo-2"].ended or 0.0)
+    print(f"\nevery host stopped in the pre-flight: the leader exited {took:.2f} s after the worker (143)")
