@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -385,14 +386,18 @@ def test_the_bad_host_and_no_other_is_named(setup: Setup, fault: str, policy: st
 
 @contextlib.contextmanager
 def full_tmp(setup: Setup) -> Iterator[dict[str, str]]:
-    """algo-3's /tmp is full: its probe's MPI_Init cannot make Open MPI's session files there."""
+    """algo-3's /tmp is full: its probe's MPI_Init cannot make Open MPI's session files there. Its own /tmp
+    shrunk and filled, not a new one mounted over it: that hid a checkout (and its venv) living under /tmp,
+    as a CI clone may, and algo-3's `train` never started (issue 53.4); the launcher must still run there."""
     cluster = setup.cluster
-    in_host(cluster, "algo-3", "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/tmp")
+    in_host(cluster, "algo-3", "mount", "-o", "remount,size=1m", "/tmp")
     cluster.exec("algo-3", ["dd", "if=/dev/zero", "of=/tmp/fill", "bs=4k"])  # until full
     try:
+        in_host(cluster, "algo-3", sys.executable, "-c", "import smhvd.cli")  # wherever the checkout lives
         yield {}
     finally:
-        in_host(cluster, "algo-3", "umount", "-l", "/tmp")
+        in_host(cluster, "algo-3", "rm", "-f", "/tmp/fill")
+        in_host(cluster, "algo-3", "mount", "-o", "remount,size=50%", "/tmp")  # tmpfs's default size
 
 
 @contextlib.contextmanager
@@ -453,7 +458,7 @@ FAILURES: dict[str, tuple[Fault, str, str, dict[str, int]]] = {
     "a worker's /tmp full": (
         full_tmp,
         "algo-3",
-        "pre-flight named algo-3: Open MPI failed in its probe: [algo-3:",
+        "pre-flight named algo-3: the pre-flight's MPI job failed there: It looks like orte_init failed",
         dict.fromkeys(HOSTS, 75),
     ),
     "a worker's train killed during the check": (
