@@ -275,8 +275,8 @@ def test_sigterm_reaches_every_rank_which_can_checkpoint(train_job):
     # Where every rank was when the stop came (taken before the ranks were stopped), nothing else.
     stops = job.failure()
     assert stops is not None and stops.splitlines() == [
+        "stopped by SIGTERM while the script ran (all 2 rank(s) had started it); where each rank was:",
         "stack dump (stopped by SIGTERM): ranks 0,1 on algo-1 in <module> (train.py:11)",
-        "the job was stopped",
     ], stops
     assert proc.pid not in read_process_table()
 

@@ -29,6 +29,7 @@ from smhvd.link.connect import ssh_command
 from smhvd.proc.loop import Scope
 from smhvd.proc.processes import is_rank_wrapper, read_process_table
 from smhvd.proc.timers import Timer, Timers
+from smhvd.report import failure
 
 DUMP_TIMEOUT = 45.0  # one py-spy dump, its start included (see HOST_DUMP_TIMEOUT)
 STOP_DUMP_WAIT = 8.0  # on a stop, the ranks get SIGTERM once the dump has ended, or this long after
@@ -150,6 +151,25 @@ def summary_line(dumps: Iterable[RankDump], reason: str, silent: Sequence[str] =
         label = "ranks" if len(group) > 1 else "rank"
         parts.append(f"{label} {ranks} on {hosts} in {place}")
     return f"stack dump ({reason}): " + "; ".join(parts + late)
+
+
+# The stop's own dump (supervisor.Stop: "stopped by SIGTERM"), as summary_line writes its reason.
+_STOP_DUMP = re.compile(r"stack dump \(stopped by (SIG[A-Z0-9]+)\)")
+
+
+def stop_failure(dump_line: str | None, started: int, ranks: int) -> str:
+    """The failure file of a job stopped while it ran: that it was stopped, by which signal (read from the
+    stop's stack dump, `dump_line`) and in which phase (`started` of the job's `ranks` had started the script)
+    on the first line, then where each rank was (the dump's line). It read like a crash in Horovod when the
+    dump's line came first (issue 52). Pure."""
+    found = _STOP_DUMP.match(dump_line or "")
+    by = f" by {found.group(1)}" if found else ""
+    if started >= ranks:
+        phase = f"while the script ran (all {ranks} rank(s) had started it)"
+    else:
+        phase = f"while the job started ({started} of {ranks} rank(s) had started the script)"
+    headline = f"stopped{by} {phase}" + ("; where each rank was:" if dump_line else "")
+    return failure.compose(headline, dump_line or "")
 
 
 def parse_dumps(lines: Iterable[str]) -> list[RankDump]:

@@ -39,7 +39,7 @@ from smhvd.preflight.launch import JobLaunch
 from smhvd.preflight.verdict import Verdict
 from smhvd.proc.signals import STOP_SIGNALS, SignalWatch
 from smhvd.report import failure, summary
-from smhvd.report.stacks import STOP_DUMP_WAIT, Dumps, StackDumper, stop_reason
+from smhvd.report.stacks import STOP_DUMP_WAIT, Dumps, StackDumper, stop_failure
 from smhvd.roles.sshd import render_ssh_config
 from smhvd.wire import HOSTENV_SERVED_FROM, RANK_ARGV, RankFailure
 
@@ -106,11 +106,11 @@ def failure_reason(outcome: Outcome) -> str:
 
 def conclude(job: Job, outcome: Outcome, dump_line: str | None = None) -> tuple[int, str]:
     """The job's exit code and failure reason; writes the failure file (first writer wins). A stack dump's
-    summary line, when one was taken, comes first; a stopped job's file says so first (stacks.stop_reason)."""
+    summary line, when one was taken, comes first; a stop says so first (stacks.stop_failure)."""
     if outcome.stopped:
         log.info("job stopped (mpirun exit %d)", outcome.exit_code)
         started = len(outcome.output.starts)
-        failure.write_failure(job.paths.failure_file, stop_reason(dump_line, started, job.num_processes))
+        failure.write_failure(job.paths.failure_file, stop_failure(dump_line, started, job.num_processes))
         return EX_STOPPED, ""
     if outcome.exit_code == 0:
         log.info("job succeeded")

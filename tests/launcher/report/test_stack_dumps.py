@@ -82,8 +82,9 @@ def test_dumps_name_the_allreduce_and_the_other_ranks_frame_on_every_trigger(
         assert codes == {"algo-1": 143, "algo-2": 143}
         assert time.monotonic() - stopped_at < 30
         failure = (cluster.ml_dir("algo-1") / "output" / "failure").read_text()
-        assert failure.startswith("stack dump (stopped by SIGTERM): "), failure
-        assert WAITING in failure.splitlines()[0]
+        first, dump = failure.splitlines()[:2]
+        assert first.startswith("stopped by SIGTERM while the script ran"), failure
+        assert dump.startswith("stack dump (stopped by SIGTERM): ") and WAITING in dump, failure
         assert all(p.result().left_running == () for p in processes.values())
     finally:
         cluster.down()

@@ -13,7 +13,7 @@ from smhvd.mpi.output import StderrFilter
 from smhvd.proc.processes import reap_orphans
 from smhvd.proc.waiting import wait_until
 from smhvd.report import stacks
-from smhvd.report.stacks import RankDump, parse_dumps, summary_line, where
+from smhvd.report.stacks import RankDump, parse_dumps, stop_failure, summary_line, where
 
 WAITING = """Process 31799: /opt/venv/bin/python train.py
 Python v3.11.2 (/usr/bin/python3.11)
@@ -61,6 +61,28 @@ def test_a_host_whose_dump_did_not_answer_is_named_not_taken_for_one_without_ran
     assert summary_line([dump], "SIGUSR1", ["algo-2", "algo-3"]) == (
         "stack dump (SIGUSR1): rank 0 on algo-1 in busy_elsewhere (train.py:8); "
         "no answer within 90s from algo-2,algo-3"
+    )
+
+
+def test_a_stops_failure_file_says_stopped_by_what_in_which_phase_then_the_stacks():
+    """Issue 52: the first line was the dump's, `stack dump (stopped by SIGTERM): ranks 0,1,2,3 ... in
+    <module> (horovod/tensorflow/elastic.py:18)`, which reads like a crash in Horovod."""
+    place = "<module> (horovod/tensorflow/elastic.py:18)"
+    dump = summary_line(
+        [RankDump(r, f"algo-{1 + r // 2}", place, f"f{r}") for r in range(4)], "stopped by SIGTERM"
+    )
+    assert stop_failure(dump, 4, 4).splitlines() == [
+        "stopped by SIGTERM while the script ran (all 4 rank(s) had started it); where each rank was:",
+        f"stack dump (stopped by SIGTERM): ranks 0,1,2,3 on algo-1,algo-2 in {place}",
+    ]
+    assert stop_failure(dump.replace("SIGTERM", "SIGINT"), 1, 4).splitlines()[0] == (
+        "stopped by SIGINT while the job started (1 of 4 rank(s) had started the script); "
+        "where each rank was:"
+    )
+    # no dump of the stop (it failed, or ranks run without them): the stop alone, its signal unknown
+    assert stop_failure(None, 2, 2) == "stopped while the script ran (all 2 rank(s) had started it)"
+    assert stop_failure("stack dump (SIGUSR1): rank 0 on algo-1 in f (t.py:1)", 0, 1).splitlines()[0] == (
+        "stopped while the job started (0 of 1 rank(s) had started the script); where each rank was:"
     )
 
 
