@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,6 +56,13 @@ def spec(job: Job, hosts: tuple[str, ...]) -> str:
     )
 
 
+def second_attempt(timeout: float) -> tuple[float, float]:
+    """The second attempt's own bound and stall limit, whatever the first took: the option's bound again (a
+    daemon lost late in the first attempt leaves the second a whole check, not the seconds left), and the same
+    stall limit (a launch that stalls again costs that limit, 20 s at most, not the bound). Pure."""
+    return timeout, launch_limit(timeout)
+
+
 def run_preflight(
     job: Job, plan: MpiPlan, env: Mapping[str, str], run_dir: Path, signals: SignalWatch | None = None
 ) -> Verdict:
@@ -77,8 +83,8 @@ def run_preflight(
     first_attempt = lost or stalled
     if first_attempt is not None:  # a dropped connection or a stalled launch: a second attempt tells
         log.info("pre-flight: %s; checking once more", stalled or "mpirun lost one of its daemons")
-        left = options.timeout - seconds
-        collected, again = run_probes(argv, probe_env, hosts, left, signals=signals, launch_limit=math.inf)
+        bound, limit = second_attempt(options.timeout)
+        collected, again = run_probes(argv, probe_env, hosts, bound, signals=signals, launch_limit=limit)
         seconds += again
     found = findings_of(collected, seconds, options.timeout, SILENCE, groups(job), plan.slots)
     if first_attempt is not None:

@@ -135,7 +135,12 @@ def run(spec: Mapping[str, Any], out: Out) -> None:
             out.say(clock={hosts[r]: {"rtt_ms": rtt, "offset_s": off} for r, (rtt, off) in clock.items()})
         network.idle_wait(comm.Ibarrier(), network.PATIENT_POLL)  # none spins in MPI_Finalize meanwhile
     if spec.get("gpus"):
-        net = nccl_net.detect(os.environ, provider=efa.probe().present, efa_devices=len(found.efa_devices))
+        net = nccl_net.detect(
+            os.environ,
+            provider=efa.probe().present,
+            efa_devices=len(found.efa_devices),
+            nccl_version=found.versions.get("nccl"),
+        )
         out.say(nccl_net=asdict(net))
         gpu_findings(out, None if isinstance(mpi, str) else mpi, rank, len(hosts))
     out.say(done=True)

@@ -273,6 +273,8 @@ def _host_reasons(findings: Findings, options: PreflightOptions, facts: HostFact
     falls_back = nccl_net.socket_reason(net, instance_type) if net is not None else None
     if falls_back:
         out.append(f"NCCL on {host} falls back to sockets: {falls_back}")
+    pinned = nccl_net.memlock_reason(net, instance_type) if net is not None else None
+    out += [pinned] if pinned else []
     offset = findings.clock.get(host, {}).get("offset_s")
     if offset is not None and abs(offset) > options.max_clock_offset:
         out.append(f"clock {offset:+g}s from the leader's; at most {options.max_clock_offset:g}s")

@@ -15,7 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from smhvd.preflight.nccl_net import NcclNet, cell, detect, from_fact, plugin_names, socket_reason
+from smhvd.preflight.nccl_net import (
+    NcclNet,
+    cell,
+    conf_files,
+    cudart_error,
+    detect,
+    from_fact,
+    memlock_reason,
+    nccl_setting,
+    plugin_names,
+    report,
+    socket_reason,
+)
 from support.ci import unavailable
 
 PLUGIN = NcclNet("/opt/amazon/ofi-nccl/lib/libnccl-net.so", "1.21.1", None, provider=True, efa_devices=4)
@@ -33,10 +45,10 @@ def test_nccl_loads_libnccl_net_unless_told_another_name():
     [
         (PLUGIN, "OFI", None, "OFI (aws-ofi-nccl 1.21.1, 4 EFA)"),
         (
-            dataclasses.replace(PLUGIN, efa_devices=0),
+            dataclasses.replace(PLUGIN, efa_devices=0, provider=False),  # libfabric cannot tell why
             "Socket",
             "no EFA device",
-            "Socket (aws-ofi-nccl 1.21.1, efa provider, 0 EFA)",
+            "Socket (aws-ofi-nccl 1.21.1, efa provider untried, 0 EFA)",
         ),
         (
             NcclNet(None, None, NO_PLUGIN, provider=True, efa_devices=4),
@@ -133,12 +145,17 @@ def detect_in_a_process(env: dict[str, str]) -> NcclNet | None:
 @pytest.mark.integration
 def test_the_plugin_is_found_where_the_loader_finds_it_with_its_version(plugin_dir: Path):
     found = detect_in_a_process({"LD_LIBRARY_PATH": str(plugin_dir)})
-    assert found == NcclNet(str(plugin_dir / "libnccl-net.so"), "9.8.7", None, provider=True, efa_devices=2)
+    assert found is not None
+    assert (found.plugin, found.plugin_version, found.plugin_error, found.cudart_error) == (
+        str(plugin_dir / "libnccl-net.so"),
+        "9.8.7",
+        None,
+        None,
+    )
     assert found.network == "OFI"
     other = detect_in_a_process({"LD_LIBRARY_PATH": str(plugin_dir), "NCCL_NET_PLUGIN": "other"})
-    assert other == NcclNet(
-        str(plugin_dir / "libnccl-net-other.so"), None, None, provider=True, efa_devices=2
-    )
+    assert other is not None
+    assert (other.plugin, other.plugin_version) == (str(plugin_dir / "libnccl-net-other.so"), None)
 
 
 def test_no_plugin_is_socket_with_the_loaders_words():
@@ -148,3 +165,109 @@ def test_no_plugin_is_socket_with_the_loaders_words():
         "absent-for-this-test: cannot open shared object file: No such file or directory; "
         "libnccl-net-absent-for-this-test.so: cannot open shared object file: No such file or directory"
     )
+
+
+# Issue 51 item 4: the row said `OFI (aws-ofi-nccl 1.21.1, 4 EFA)` whenever the plugin loaded, the efa
+# provider answered and a device existed, whatever the job's own settings, NCCL's version or the CUDA
+# runtime said.
+@pytest.mark.parametrize(
+    ("changed", "reason", "text"),
+    [
+        (
+            {"nccl_setting": "NCCL_NET=Socket (the environment)"},  # -x NCCL_NET=Socket, or environment=
+            "NCCL_NET=Socket (the environment) names another network than the plugin's",
+            "Socket (NCCL_NET=Socket (the environment); aws-ofi-nccl 1.21.1, efa provider, 4 EFA)",
+        ),
+        (
+            {
+                "fi_provider": "tcp",
+                "provider": False,
+            },  # -x FI_PROVIDER=tcp: was "efa provider does not answer"
+            "FI_PROVIDER=tcp is set: libfabric offers the plugin no efa provider",
+            "Socket (FI_PROVIDER=tcp; aws-ofi-nccl 1.21.1, no efa provider, 4 EFA)",
+        ),
+        (
+            {"nccl_version": "2.16.5"},  # requirements.txt: nvidia-nccl-cu12==2.16.5
+            "NCCL 2.16.5 is older than aws-ofi-nccl 1.21.1 needs (2.17.1): NCCL does not use the plugin",
+            "Socket (aws-ofi-nccl 1.21.1, efa provider, 4 EFA)",
+        ),
+        (
+            {"cudart_error": "libcudart.so.12: cannot open shared object file"},
+            "the plugin's CUDA runtime does not load (libcudart.so.12: cannot open shared object file)",
+            "Socket (aws-ofi-nccl 1.21.1, efa provider, 4 EFA)",
+        ),
+        ({"nccl_version": "2.21.5", "fi_provider": "efa"}, None, "OFI (aws-ofi-nccl 1.21.1, 4 EFA)"),
+    ],
+)
+def test_the_jobs_own_settings_nccls_version_and_the_cuda_runtime_decide_too(
+    changed: dict[str, object], reason: str | None, text: str
+) -> None:
+    net = dataclasses.replace(PLUGIN, **changed)
+    assert socket_reason(net, "ml.p4d.24xlarge") == reason
+    assert cell(net) == text
+    assert from_fact(json.loads(json.dumps(dataclasses.asdict(net)))) == net
+
+
+def test_nccl_net_comes_from_the_environment_before_nccls_files_and_only_another_network_counts() -> None:
+    etc = Path("/etc/nccl.conf")
+    conf = [(etc, "# comment\nNCCL_DEBUG=WARN\nNCCL_NET = Socket  # sockets\n")]
+    assert nccl_setting({}, conf) == "NCCL_NET=Socket (/etc/nccl.conf)"
+    assert nccl_setting({"NCCL_NET": "AWS Libfabric"}, conf) is None  # the environment wins: the plugin
+    assert nccl_setting({"NCCL_NET": "socket"}, []) == "NCCL_NET=socket (the environment)"
+    assert nccl_setting({}, [(etc, "NCCL_NET=\n")]) is None
+    assert conf_files({"HOME": "/root"}) == (Path("/root/.nccl.conf"), etc)
+    assert conf_files({"NCCL_CONF_FILE": "/x.conf", "HOME": "/root"}) == (Path("/x.conf"), etc)
+
+
+def test_a_limit_on_locked_memory_names_a_host_of_an_efa_type_with_the_fix() -> None:
+    limited = dataclasses.replace(PLUGIN, memlock_kb=8192)
+    assert memlock_reason(limited, "ml.p4d.24xlarge") == (
+        "locked memory is limited to 8192 KiB (RLIMIT_MEMLOCK), too little for EFA: start the container with "
+        "`--ulimit memlock=-1` (SageMaker's EFA instances have it unlimited)"
+    )
+    assert memlock_reason(PLUGIN, "ml.p4d.24xlarge") is None  # unlimited
+    assert memlock_reason(limited, "ml.c5.18xlarge") is None
+    assert from_fact({**dataclasses.asdict(limited), "memlock_kb": -1}) is None
+
+
+@pytest.mark.integration
+def test_a_cuda_runtime_the_loader_cannot_find_is_said_in_its_words(plugin_dir: Path) -> None:
+    assert cudart_error([]) is None
+    assert cudart_error(["libcudart.so.99-absent"]) == (
+        "libcudart.so.99-absent: cannot open shared object file: No such file or directory"
+    )
+    assert cudart_error(["libcudart.so.99-absent", str(plugin_dir / "libnccl-net.so")]) is None
+
+
+@pytest.mark.integration
+def test_the_command_prints_the_network_and_why_on_a_cpu_host() -> None:
+    """Issue 52 item 3: `python -m smhvd.preflight.nccl_net` printed nothing. Run as documented (this
+    machine: no plugin, no EFA device), it says Socket and why, and each input."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NCCL_NET", "FI_PROVIDER", "NCCL_NET_PLUGIN")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "smhvd.preflight.nccl_net"],
+        env={**env, "NCCL_NET_PLUGIN": "absent-for-this-test", "FI_PROVIDER": "tcp"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    lines = proc.stdout.splitlines()
+    assert lines[0] == (
+        "NCCL network between hosts: Socket (FI_PROVIDER=tcp is set: libfabric offers the plugin no efa "
+        "provider)"
+    )
+    assert lines[1].startswith("plugin: none loads (absent-for-this-test: cannot open shared object file")
+    assert [line.split(":")[0] for line in lines[2:]] == [
+        "NCCL", "efa provider", "EFA devices", "NCCL_NET", "FI_PROVIDER", "locked memory (RLIMIT_MEMLOCK)",
+    ]  # fmt: skip
+    assert "FI_PROVIDER: tcp" in lines
+
+
+def test_the_report_says_ofi_with_the_plugins_version_when_everything_is_there() -> None:
+    text = report(dataclasses.replace(PLUGIN, nccl_version="2.21.5"))
+    assert text.splitlines()[:3] == [
+        "NCCL network between hosts: OFI",
+        "plugin: /opt/amazon/ofi-nccl/lib/libnccl-net.so (aws-ofi-nccl 1.21.1)",
+        "NCCL: 2.21.5",
+    ]

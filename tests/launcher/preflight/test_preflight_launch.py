@@ -15,6 +15,7 @@ import pytest
 
 from smhvd.config.launcher_options import PreflightOptions
 from smhvd.preflight.blame import stalled
+from smhvd.preflight.check import second_attempt
 from smhvd.preflight.collected import Collected
 from smhvd.preflight.launch import Launch, established_peers, launch_limit, ssh_addresses, tcp_peers, tie
 from smhvd.preflight.runner import findings_of, run_probes, stalled_launch
@@ -184,3 +185,15 @@ def test_a_hosts_addresses_are_those_of_the_launchers_own_ssh_connections_to_it(
         finally:
             proc.kill()
             proc.wait()
+
+
+def test_the_second_attempt_has_a_budget_of_its_own() -> None:
+    """Issue 51 item 2: the second attempt ran with what the first had left and no stall limit, so a second
+    stall cost the whole bound (60 s; 600 s with a user's bound) and a daemon lost at 55 of 60 s left it 5 s,
+    after which every host was named 'did not answer'. It now has the option's bound again, and a stall ends
+    it at the launch limit."""
+    assert [second_attempt(bound) for bound in (6.0, 60.0, 600.0)] == [
+        (6.0, 5.0),
+        (60.0, 20.0),
+        (600.0, 20.0),
+    ]

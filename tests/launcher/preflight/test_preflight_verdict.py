@@ -292,15 +292,10 @@ def test_a_rank_that_falls_silent_while_another_speaks_is_found() -> None:
 # What one host's probe said (algo-3's; the others are healthy), and the one reason it is named for.
 OTHER = "runs another version of the launcher: "
 NO_PLUGIN = "libnccl-net.so: cannot open shared object file: No such file or directory"
-SOCKETS = {
-    "plugin": None,
-    "plugin_version": None,
-    "plugin_error": NO_PLUGIN,
-    "provider": True,
-    "efa_devices": 4,
-}
-OFI = {"plugin": "/opt/amazon/ofi-nccl/lib/libnccl-net.so", "plugin_version": "1.21.1", "plugin_error": None,
-       "provider": True, "efa_devices": 4}  # fmt: skip
+SOCKETS = dataclasses.asdict(nccl_net.NcclNet(None, None, NO_PLUGIN, provider=True, efa_devices=4))
+OFI = dataclasses.asdict(
+    nccl_net.NcclNet("/opt/amazon/ofi-nccl/lib/libnccl-net.so", "1.21.1", None, provider=True, efa_devices=4)
+)
 PROBE_OUTPUTS: dict[str, tuple[dict[str, Any], str]] = {
     "a fact missing": (
         {"facts": {k: v for k, v in facts("algo-3").items() if k != "efa_devices"}},
