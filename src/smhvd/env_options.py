@@ -43,6 +43,19 @@ def _log_level(value: object, key: str) -> int | None:
         raise ConfigError(ENVIRONMENT, key, LOG_LEVEL_EXPECTED, value) from None
 
 
+def _timeout(value: object, key: str) -> float | None:
+    """The reader of SMHVD_HOSTENV_TIMEOUT: a number within its bounds; empty is refused, not read as unset
+    (`SMHVD_HOSTENV_TIMEOUT=$UNSET` is a mistake: a rank would not wait as long as it was asked to)."""
+    if value == "":
+        raise ConfigError(ENVIRONMENT, key, _TIMEOUT_EXPECTED, value)
+    found = _timeout_number(value, key)
+    return None if found is None else float(found)
+
+
+_TIMEOUT_EXPECTED = f"a number from {MIN_FETCH_TIMEOUT:g} to {MAX_FETCH_TIMEOUT:g}"
+_timeout_number = number(MIN_FETCH_TIMEOUT, MAX_FETCH_TIMEOUT, ENVIRONMENT)
+
+
 @dataclass(frozen=True)
 class EnvOptions:
     log_level: int | None = option(
@@ -64,7 +77,7 @@ class EnvOptions:
     hostenv_timeout: float = option(
         "SMHVD_HOSTENV_TIMEOUT",
         FETCH_TIMEOUT,
-        number(MIN_FETCH_TIMEOUT, MAX_FETCH_TIMEOUT, ENVIRONMENT),
+        _timeout,
         "seconds a rank waits for its host's environment from its `train` (below); anything but a number "
         f"from {MIN_FETCH_TIMEOUT:g} to {MAX_FETCH_TIMEOUT:g}: exit 78 at start",
     )
@@ -72,7 +85,7 @@ class EnvOptions:
 
 def read_env_options(env: Mapping[str, str]) -> EnvOptions:
     """The launcher's variables in `env`, each read and bounded (ConfigError naming the first bad one); an
-    empty one is not set, as an empty hyperparameter is. Pure."""
+    empty one is not set, as an empty hyperparameter is, but SMHVD_HOSTENV_TIMEOUT's (refused). Pure."""
     return read_options(EnvOptions, env)
 
 

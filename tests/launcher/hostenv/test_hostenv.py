@@ -484,10 +484,20 @@ def test_train_with_a_read_only_run_exits_73_in_one_line_naming_the_directory(tr
     )
 
 
-@pytest.mark.parametrize("raw", ["abc", "0", "-1", "nan", "inf", "1e9", "0.05"])
+@pytest.mark.parametrize("raw", ["abc", "0", "-1", "nan", "inf", "1e9", "0.05", ""])
 def test_a_bad_hostenv_timeout_is_a_configuration_error_not_a_silent_default(raw):
-    with pytest.raises(ConfigError, match=r"^environment: SMHVD_HOSTENV_TIMEOUT: expected a number [<>]= "):
+    """Empty too (issue 53.5): `SMHVD_HOSTENV_TIMEOUT=$UNSET` is a mistake, not "the default"."""
+    with pytest.raises(ConfigError, match=r"^environment: SMHVD_HOSTENV_TIMEOUT: expected a number "):
         read_env_options({"SMHVD_HOSTENV_TIMEOUT": raw})
     assert read_env_options({"SMHVD_HOSTENV_TIMEOUT": "2.5"}).hostenv_timeout == 2.5
-    for unset in ({}, {"SMHVD_HOSTENV_TIMEOUT": ""}):  # empty: not set, as for a hyperparameter
-        assert read_env_options(unset).hostenv_timeout == FETCH_TIMEOUT
+    assert read_env_options({}).hostenv_timeout == FETCH_TIMEOUT
+
+
+@pytest.mark.integration  # starts `train`
+def test_an_empty_hostenv_timeout_stops_train_with_78_naming_it_before_anything_runs(train_job):
+    job = train_job("import pathlib; pathlib.Path('ran').touch()\n")
+    done = job.run(env={"SMHVD_HOSTENV_TIMEOUT": ""})
+    assert done.returncode == 78, done.stderr
+    assert "SMHVD_HOSTENV_TIMEOUT: expected a number from 0.1 to 86400, got ''" in done.stderr
+    assert (job.failure() or "").startswith("environment: SMHVD_HOSTENV_TIMEOUT: expected a number")
+    assert not (job.code / "ran").exists()
