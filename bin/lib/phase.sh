@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# Sourced by bin/setup-host.sh, bin/build.sh and bin/run-notebooks.sh: a step that can take a while says what it
-# does when it starts and how long it took when it ends, so that no long step is silent.
+# Sourced by bin/setup-host.sh, bin/build.sh, bin/run-notebooks.sh and bin/lib/pinned-venv.sh (the SDK venvs): a
+# step that can take a while says what it does when it starts and how long it took when it ends, so that no long
+# step is silent.
 
 # phase NAME WHAT CMD...: "NAME: WHAT ..." on stderr, then CMD, then "NAME: WHAT: N s" (with its exit code when
 # it failed); returns CMD's exit code.

@@ -4,6 +4,8 @@
 
 # shellcheck source=bin/lib/engine.sh
 . "$(dirname "${BASH_SOURCE[0]}")/engine.sh"
+# shellcheck source=bin/lib/phase.sh
+. "$(dirname "${BASH_SOURCE[0]}")/phase.sh"
 
 # Running the notebooks (examples/notebooks, `make notebooks`): a Jupyter kernel and the library that executes a
 # notebook, in the SDK's own venv (the notebook's code runs with the SDK it was written for).
@@ -49,12 +51,16 @@ pinned_venv() {
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
       python3-venv >&2
   fi
-  if [ ! -e "$stamp" ]; then
-    rm -rf "$venv"
-    python3 -m venv "$venv" >&2
-    venv_pip "$name" "$venv" "$@"
-    touch "$stamp"
+  if [ -e "$stamp" ]; then
+    echo "$name: $venv is up to date ($*)" >&2
+    return
   fi
+  # Each long step says what it does when it starts and how long it took (pip: minutes the first time).
+  rm -rf "$venv"
+  phase "$name" "python3 -m venv $venv" python3 -m venv "$venv" >&2
+  phase "$name" "pip install $* (minutes the first time: the SDK and its dependencies)" \
+    venv_pip "$name" "$venv" "$@"
+  touch "$stamp"
 }
 
 # pinned_extra NAME VENV PACKAGE==VERSION...: add packages to a venv of pinned_venv, once (a stamp of its own).
@@ -64,7 +70,7 @@ pinned_extra() {
   local stamp
   stamp="$venv/.stamp-extra-$(printf '%s-' "$@" | tr -c 'A-Za-z0-9._=-' '_')"
   if [ ! -e "$stamp" ]; then
-    venv_pip "$name" "$venv" "$@"
+    phase "$name" "pip install $* into $venv" venv_pip "$name" "$venv" "$@"
     touch "$stamp"
   fi
 }
