@@ -136,3 +136,48 @@ def test_the_launchers_own_text_names_only_what_exists() -> None:
                 if not any(defines.search(source.read_text()) for source in modules[module]):
                     stale.append(f"{path.relative_to(REPO)}: {module}.{name}")
     assert stale == []
+
+
+LOCAL_PULL = re.compile(r"\bpodman (?:pull|run)\b.*\b(?:127\.0\.0\.1|localhost):\d+/")
+PROJECT_PODMAN = 'eval "$(bin/daemonless-env.sh --export)"'
+
+
+def code_blocks(text: str) -> list[list[str]]:
+    """The lines of each code block of a Markdown page: fenced, or indented by four spaces."""
+    blocks: list[list[str]] = []
+    fenced, current = False, None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            current = [] if fenced else None
+            if fenced:
+                blocks.append(current)
+            continue
+        if fenced and current is not None:
+            current.append(line)
+        elif line.startswith("    ") and line.strip():
+            if current is None:
+                current = []
+                blocks.append(current)
+            current.append(line.strip())
+        elif line.strip():
+            current = None
+    return blocks
+
+
+def test_a_podman_line_for_a_registry_on_this_machine_works_in_a_fresh_shell():
+    """Issue 52: docs/images.md's `podman pull 127.0.0.1:5010/...` failed in a fresh shell (`http: server
+    gave HTTP response to HTTPS client`): the registry is plain HTTP to the project's podman configuration
+    only. Each such line carries --tls-verify=false, or its block selects that configuration first (the image
+    tier pulls with it: tests/images/test_cpu_image.py)."""
+    unusable = [
+        f"{page.name}: {line}"
+        for page in PAGES
+        for block in code_blocks(page.read_text())
+        for i, line in enumerate(block)
+        if LOCAL_PULL.search(line)
+        and "--tls-verify=false" not in line
+        and not any(PROJECT_PODMAN in earlier for earlier in block[:i])
+    ]
+    assert unusable == []
+    assert code_blocks("    a\n    b\ntext\n```\nc\n```\n") == [["a", "b"], ["c"]]
