@@ -26,6 +26,7 @@ from pathlib import Path
 from smhvd.mpi import efa
 from smhvd.mpi.efa import EFA_INSTANCE_TYPES
 from smhvd.preflight.facts import distribution_versions, efa_devices
+from smhvd.proc.steps import run_step
 
 _VERSION = re.compile(rb"aws-ofi-nccl (\d+\.\d+[\w.]*)")  # the plugin's own start-up line, in its library
 _CUDART = re.compile(rb"libcudart\.so[\d.]*")  # the CUDA runtime the plugin names (linked or opened by name)
@@ -41,10 +42,12 @@ _FACT: dict[str, tuple[type, bool]] = {  # field -> (type, may be None)
     "fi_provider": (str, True),
     "cudart_error": (str, True),
     "memlock_kb": (int, True),
+    "provider_listed": (bool, True),
 }
 # The oldest NCCL each aws-ofi-nccl release line works with (its release notes: 1.16 and later, NCCL 2.17.1).
 PLUGIN_MIN_NCCL = (((1, 16), (2, 17, 1)),)
 OTHER_NETS = ("socket", "ib")  # NCCL_NET values that name a network other than a plugin's
+LIST_ARGV = ("fi_info", "-l")
 CONF_FILES = (Path("/etc/nccl.conf"),)  # NCCL's system file; NCCL_CONF_FILE or ~/.nccl.conf come before it
 MEMLOCK_FIX = "start the container with `--ulimit memlock=-1` (SageMaker's EFA instances have it unlimited)"
 
@@ -61,6 +64,7 @@ class NcclNet:
     fi_provider: str | None = None  # FI_PROVIDER the ranks get, when it is set
     cudart_error: str | None = None  # the plugin names a CUDA runtime the loader cannot load: its words
     memlock_kb: int | None = None  # the soft RLIMIT_MEMLOCK in KiB; None: unlimited
+    provider_listed: bool | None = None  # `fi_info -l` lists efa (with or without a device); None: unknown
 
     @property
     def network(self) -> str:
@@ -127,6 +131,7 @@ def fallback(net: NcclNet) -> str | None:
             f"({'.'.join(map(str, least or ()))}): NCCL does not use the plugin",
         ),
         (net.cudart_error is not None, f"the plugin's CUDA runtime does not load ({net.cudart_error})"),
+        (net.provider_listed is False, "libfabric has no efa provider (`fi_info -l` lists none)"),
         (not net.provider, "libfabric's efa provider does not answer"),
     )
     return next((why for applies, why in reasons if applies), None)
@@ -152,12 +157,21 @@ def cell(net: NcclNet) -> str:
     plugin = f"aws-ofi-nccl {net.plugin_version}" if net.plugin_version else plugin
     if net.network == "OFI":
         return f"OFI ({plugin}, {net.efa_devices} EFA)"
-    if not net.efa_devices and not net.provider:
-        provider = "efa provider untried"  # libfabric's answer is the same with no provider and no device
-    else:
-        provider = "efa provider" if net.provider else "no efa provider"
+    provider = _provider_text(net)
     head = "".join(f"{s}; " for s in _own_settings(net))
     return f"Socket ({head}{plugin or 'no plugin'}, {provider}, {net.efa_devices} EFA)"
+
+
+def _provider_text(net: NcclNet) -> str:
+    """The efa provider in a cell: libfabric answers the same with no provider and with no device, so
+    `fi_info -l` (which lists it without a device) tells the two apart. Pure."""
+    if net.provider:
+        return "efa provider"
+    if net.provider_listed is False:
+        return "no efa provider"
+    if not net.efa_devices:
+        return "efa provider untried" if net.provider_listed is None else "efa provider, untried"
+    return "efa provider not answering"
 
 
 def _own_settings(net: NcclNet) -> list[str]:
@@ -177,12 +191,28 @@ def from_fact(value: object) -> NcclNet | None:
     return None if negative else NcclNet(**value)
 
 
+def provider_listed() -> bool | None:
+    """Whether libfabric lists its efa provider (`fi_info -l`: there with or without a device); None when
+    fi_info is missing or fails (bounded, a step: proc/steps.py)."""
+    try:
+        result = run_step(LIST_ARGV, timeout=efa.PROBE_TIMEOUT)
+    except OSError:
+        return None
+    if result.returncode != 0:
+        return None
+    return re.search(r"^efa:", result.text()[0], re.MULTILINE) is not None
+
+
 def detect(
-    env: Mapping[str, str], provider: bool, efa_devices: int, nccl_version: str | None = None
+    env: Mapping[str, str],
+    provider: bool,
+    efa_devices: int,
+    nccl_version: str | None = None,
+    listed: bool | None = None,
 ) -> NcclNet:
     """What NCCL would use here: the plugin loaded in this process as NCCL would in a rank (the loader reads
     the environment this process started with: run it as a rank is run), NCCL's configuration files, the
-    locked-memory limit; `provider`, `efa_devices` and `nccl_version` are the caller's findings."""
+    locked-memory limit; `provider`, `efa_devices`, `nccl_version` and `listed` are the caller's findings."""
     texts = [(path, _read(path)) for path in conf_files(env)]
     base = NcclNet(
         None,
@@ -194,6 +224,7 @@ def detect(
         nccl_setting=nccl_setting(env, texts),
         fi_provider=env.get("FI_PROVIDER") or None,
         memlock_kb=_memlock_kb(),
+        provider_listed=listed,
     )
     errors = []
     for name in plugin_names(env):
@@ -250,10 +281,13 @@ def report(net: NcclNet) -> str:
     plugin = net.plugin or f"none loads ({net.plugin_error})"
     if net.plugin and net.plugin_version:
         plugin += f" (aws-ofi-nccl {net.plugin_version})"
-    if net.efa_devices:
-        provider = "answers" if net.provider else "does not answer (fi_info -p efa)"
+    listed = {True: "in libfabric", False: "not in libfabric (`fi_info -l`)", None: "not listed (no fi_info)"}
+    if net.provider:
+        provider = "answers"
+    elif net.efa_devices:
+        provider = f"{listed[net.provider_listed]}; does not answer (`fi_info -p efa`)"
     else:
-        provider = "untried: libfabric answers the same with no provider and with no EFA device"
+        provider = f"{listed[net.provider_listed]}; untried: no EFA device"
     lines = [
         f"NCCL network between hosts: {net.network}" + (f" ({why})" if why else ""),
         f"plugin: {plugin}",
@@ -275,7 +309,8 @@ def _memlock_text(kb: int | None) -> str:
 def main() -> int:
     """Print what this image's NCCL would use on this host, and why (docs/preflight.md)."""
     devices = len(efa_devices())
-    net = detect(os.environ, efa.probe().present, devices, distribution_versions().get("nccl"))
+    version = distribution_versions().get("nccl")
+    net = detect(os.environ, efa.probe().present, devices, version, provider_listed())
     print(report(net))
     return 0
 

@@ -140,6 +140,7 @@ def run(spec: Mapping[str, Any], out: Out) -> None:
             provider=efa.probe().present,
             efa_devices=len(found.efa_devices),
             nccl_version=found.versions.get("nccl"),
+            listed=nccl_net.provider_listed(),
         )
         out.say(nccl_net=asdict(net))
         gpu_findings(out, None if isinstance(mpi, str) else mpi, rank, len(hosts))

@@ -57,10 +57,22 @@ def test_nccl_loads_libnccl_net_unless_told_another_name():
             "Socket (no plugin, efa provider, 4 EFA)",
         ),
         (
-            dataclasses.replace(PLUGIN, provider=False),
+            dataclasses.replace(PLUGIN, provider=False, provider_listed=True),
             "Socket",
             "libfabric's efa provider does not answer",
+            "Socket (aws-ofi-nccl 1.21.1, efa provider not answering, 4 EFA)",
+        ),
+        (  # a missing provider reads differently from a missing device (fi_info -l lists it without one)
+            dataclasses.replace(PLUGIN, provider=False, provider_listed=False),
+            "Socket",
+            "libfabric has no efa provider (`fi_info -l` lists none)",
             "Socket (aws-ofi-nccl 1.21.1, no efa provider, 4 EFA)",
+        ),
+        (
+            dataclasses.replace(PLUGIN, provider=False, provider_listed=True, efa_devices=0),
+            "Socket",
+            "no EFA device",
+            "Socket (aws-ofi-nccl 1.21.1, efa provider, untried, 0 EFA)",
         ),
         (
             dataclasses.replace(PLUGIN, plugin="/x/libnccl-net.so", plugin_version=None),
@@ -184,7 +196,7 @@ def test_no_plugin_is_socket_with_the_loaders_words():
                 "provider": False,
             },  # -x FI_PROVIDER=tcp: was "efa provider does not answer"
             "FI_PROVIDER=tcp is set: libfabric offers the plugin no efa provider",
-            "Socket (FI_PROVIDER=tcp; aws-ofi-nccl 1.21.1, no efa provider, 4 EFA)",
+            "Socket (FI_PROVIDER=tcp; aws-ofi-nccl 1.21.1, efa provider not answering, 4 EFA)",
         ),
         (
             {"nccl_version": "2.16.5"},  # requirements.txt: nvidia-nccl-cu12==2.16.5
