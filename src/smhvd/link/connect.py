@@ -120,6 +120,7 @@ class _Worker:
     last_error: str = "not tried yet"
     link: WorkerLink | None = None
     told: bool = False  # the leader's `end` reached it
+    resolved: bool = False  # its name resolved at least once
     gone: bool = False  # its link closed before the job started: its `train` ended
 
 
@@ -147,6 +148,7 @@ class Linking:
         self.farewell: Event | None = None  # the job ended before it started: what each worker is told
         self.deadline = Timer("the wait for every worker")
         self.waiting = False  # `wait` or `end` runs the loop: only they may stop it (other waits run it too)
+        self.timed_out = False  # the workers had the whole timeout to come up
 
     def __enter__(self) -> Linking:
         self.loop.timers.after(self.deadline, self.timeout, self._timed_out)
@@ -205,13 +207,18 @@ class Linking:
         self.farewell = event
         for worker in self.workers:
             self._tell(worker)
-        if wait > 0 and not all(w.told or w.gone for w in self.workers):
-            names = ", ".join(w.host for w in self.workers if not (w.told or w.gone))
+        if wait > 0 and not all(self._done(w) for w in self.workers):
+            names = ", ".join(w.host for w in self.workers if not self._done(w))
             log.info("telling %s that the job ended (up to %gs)", names, wait)
             self.loop.timers.after(self.deadline, wait, self.loop.stop)
             with contextlib.suppress(Stopped, PeerError):
                 self._run()
         return {w.host: w.told for w in self.workers}
+
+    def _done(self, worker: _Worker) -> bool:
+        """Nothing more to tell it: told, its `train` ended, or (the whole timeout over) a name that never
+        resolved, which no farewell wait would see come up (issue 53.5: `train` ran 30 s past its reason)."""
+        return worker.told or worker.gone or (self.timed_out and not worker.resolved)
 
     def close(self) -> None:
         """End every probe and attempt under way, hang up on every link, then wait for their ends (a pidfd
@@ -235,6 +242,7 @@ class Linking:
                     pipe.close()
 
     def _timed_out(self) -> None:
+        self.timed_out = True
         missing = "; ".join(f"{w.host}: {w.last_error}" for w in self.workers if w.link is None)
         what = "workers " + ", ".join(w.host for w in self.workers)
         raise PeerError(f"timed out after {self.timeout:g}s waiting for {what} (last: {missing})")
@@ -245,6 +253,7 @@ class Linking:
         except socket.gaierror as exc:
             self._refused(worker, f"cannot resolve {worker.host} ({exc.strerror})")
             return
+        worker.resolved = worker.resolved or bool(worker.untried)
         if worker.untried:
             self._connect(worker)
         else:
@@ -352,7 +361,7 @@ class Linking:
             return
         worker.told = worker.link.send(self.farewell)
         worker.link.hang_up()
-        if all(w.told or w.gone for w in self.workers) and self.waiting:
+        if all(self._done(w) for w in self.workers) and self.waiting:
             self.loop.stop()
 
     def _failed(self, worker: _Worker) -> None:

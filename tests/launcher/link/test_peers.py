@@ -306,6 +306,28 @@ def test_a_host_that_does_not_resolve_or_refuses_is_named_with_why(tmp_path: Pat
     assert last.endswith(f"; localhost: port {closed}: Connection refused)")
 
 
+def test_once_the_wait_timed_out_the_end_waits_for_no_host_whose_name_never_resolved(
+    tmp_path: Path, ports: SshPorts
+) -> None:
+    """Issue 53.5: a job naming nosuchhost.invalid, launcher_peer_timeout_seconds 2: its reason was written
+    and `train` still ran the 30 s farewell for a name that never resolved. A worker that is only late
+    (algo-2: resolves, port refused) is still waited for, up to the end's wait."""
+    ends = Event(END, EX_UNAVAILABLE, "timed out")
+
+    def resolve(host: str, port: int) -> list[Address]:
+        if host not in ADDRESSES:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return ports.resolve(host, port)
+
+    for hosts, waited in ((["nosuchhost.invalid"], False), (["nosuchhost.invalid", "algo-2"], True)):
+        with Linking(hosts, tmp_path / "c", ports.port, 1.0, relay(tmp_path), resolve) as linking:
+            with pytest.raises(PeerError, match="cannot resolve nosuchhost.invalid"):
+                linking.wait()
+            started = time.monotonic()
+            assert linking.end(ends, wait=2.0) == dict.fromkeys(hosts, False)
+            assert (time.monotonic() - started >= 2.0) is waited
+
+
 def test_the_ssh_config_prefers_a_cheap_key_exchange_that_ssh_accepts(tmp_path: Path) -> None:
     if shutil.which("ssh") is None:
         unavailable("no ssh client (make setup installs openssh-client)")
