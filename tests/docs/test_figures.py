@@ -109,6 +109,20 @@ SAME = [
         "tests/images/test_maskrcnn_tryout.py",
     ),
     (
+        "the leader's sshd check's first line (what keeps sshd from logging kex_exchange_identification)",
+        r"`(SSH-2\.0-\w+)`",
+        "docs/sdk.md",
+        r'^PROBE_IDENTIFICATION = b"(SSH-2\.0-\w+)\\r\\n"',
+        "src/smhvd/link/connect.py",
+    ),
+    (
+        "local-train's exit code for --gpu without a GPU",
+        r"cannot give a container its GPUs exits (\d+) with one line",
+        "README.md",
+        r"^EX_UNAVAILABLE=(\d+)",
+        "bin/local-train.sh",
+    ),
+    (
         "local-train's /dev/shm",
         r"gives the container\s+the (\d+) GB `/dev/shm`",
         "README.md",
