@@ -314,7 +314,11 @@ FAULTS: dict[str, tuple[Fault, str, str]] = {
     "small /dev/shm": (small_shm, "algo-2", "/dev/shm has"),
     "fewer GPUs": (fewer_gpus, "algo-4", "3 GPU(s) visible; ml.g5.12xlarge has 4"),
     "full checkpoint disk": (full_checkpoints, "algo-3", "checkpoints:"),
-    "other library version": (other_mpi4py, "algo-2", "mpi4py 0.0.1; the other hosts have"),
+    "other library version": (
+        other_mpi4py,
+        "algo-2",
+        "mpi4py 0.0.1; the other hosts of homogeneousCluster have",
+    ),
     "host stops answering": (frozen_probe, "algo-4", "answer"),
 }
 
