@@ -38,7 +38,7 @@ def blame(collected: Collected, seconds: float, timeout: float, silence: float) 
     """Who did not finish, on what evidence. Pure (reads what was collected)."""
     hosts = collected.hosts
     not_done = [r for r in range(len(hosts)) if r not in collected.done]
-    if not_done and (collected.failed or collected.open_mpi_errors):
+    if not_done and (collected.failed or set(collected.open_mpi_errors) & set(not_done)):
         return Blame(failed_job(collected, not_done, seconds))
     if collected.launch is not None and not collected.launch.probe_ran and not collected.heard:
         return stalled(collected.launch, hosts)
@@ -75,11 +75,12 @@ def failed_job(collected: Collected, not_done: Sequence[int], seconds: float) ->
     blamed = blamed_host(collected.own, hosts)
     if blamed is not None:
         return {blamed: f"the pre-flight's MPI job failed there: {message}"}
-    if collected.open_mpi_errors:
+    erring = {r: line for r, line in collected.open_mpi_errors.items() if r in not_done}
+    if erring:  # a probe that finished is healthy, whatever Open MPI logged in it
         also = f"; mpirun: {said}" if said else ""
         return {
             hosts[r]: f"Open MPI failed in its probe: {line.decode(errors='replace').split(':', 1)[1]}{also}"
-            for r, line in sorted(collected.open_mpi_errors.items())
+            for r, line in sorted(erring.items())
         }
     if any("error" in collected.found.get(r, {}) for r in not_done):
         return {}  # each probe's own error names its host

@@ -623,6 +623,10 @@ def test_a_rank_can_incriminate_only_its_own_host_in_open_mpis_form() -> None:
     assert collected.open_mpi_errors == {}
     collected.feed(b"[1,2]<stderr>:[algo-3:00304] [[5,1],2] ORTE_ERROR_LOG: Out of resource in file x.c\n")
     assert list(collected.open_mpi_errors) == [2]
+    collected.feed(said(2, {"done": True}))  # it finished: what Open MPI logged there names nobody
+    assert judge(findings_of(collected, 5.0, 60.0, 10.0, {}), OPTIONS).named == tuple(
+        Named(h, "did not answer: no word from its probe in 5.0s") for h in ("algo-1", "algo-2", "algo-4")
+    )
 
 
 def test_mpiruns_own_message_is_kept_whole_whatever_the_ranks_print() -> None:
