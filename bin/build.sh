@@ -158,7 +158,7 @@ echo "build.sh: $engine: building $moving ($immutable); each step's line shows t
 # shellcheck source=bin/lib/phase.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/phase.sh"
 start=$SECONDS
-"${cmd[@]}" 2>&1 | stamp_steps "$start" >&2
+"${cmd[@]}" 2>&1 | own_tags "$immutable" "$moving" | stamp_steps "$start" >&2
 # buildah/podman 4.x reuse a fully cached image even when only the labels' build arguments changed: the image
 # would then claim an older commit. Re-label it in that case (a config change plus one empty layer).
 if [ "$engine" != docker ]; then

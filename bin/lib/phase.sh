@@ -29,3 +29,21 @@ stamp_steps() {
     esac
   done
 }
+
+# own_tags NAME...: copy stdin to stdout but for the engine's "Successfully tagged X" lines of other names than
+# NAME... (with or without podman's localhost/): podman prints one for every name the image already has, so a
+# build served from the layer cache listed the names other builds gave it (the image tests' among them).
+own_tags() {
+  local line name tagged ours
+  while IFS= read -r line || [ -n "$line" ]; do
+    if [[ "$line" == "Successfully tagged "* ]]; then
+      tagged=${line#Successfully tagged }
+      ours=0
+      for name in "$@"; do
+        if [ "$tagged" = "$name" ] || [ "$tagged" = "localhost/$name" ]; then ours=1; fi
+      done
+      [ "$ours" = 1 ] || continue
+    fi
+    printf '%s\n' "$line"
+  done
+}

@@ -387,3 +387,55 @@ def test_push_to_a_registry_on_this_machine_is_plain_http_on_any_port(
             registry,
             proc.stderr,
         )
+
+
+def test_a_cached_build_names_only_its_own_tags(env: dict[str, str], tmp_path: Path) -> None:
+    """Issue 52: podman prints `Successfully tagged X` for every name a cached image already has, so the
+    user's bin/build.sh listed the image tests' names. bin/build.sh passes the build's output through
+    own_tags; here a real podman build of a one-line Dockerfile, cached under the tests' name, then built
+    under the user's."""
+    import_image(env, tmp_path, "localhost/tiny:base")
+    (tmp_path / "Dockerfile").write_text("FROM localhost/tiny:base\nLABEL smhvd.test=1\n")
+    penv = store_env(env)
+    build = ["podman", "build", "--format", "docker", "--layers", str(tmp_path)]
+    subprocess.run(
+        [*build[:-1], "-t", "sagemaker-horovod-test:cpu-1", build[-1]], env=penv, check=True, timeout=300
+    )
+    filtered = f'source "{REPO}/bin/lib/phase.sh"; set -o pipefail; ' '"${@:3}" 2>&1 | own_tags "$1" "$2"'
+    proc = subprocess.run(
+        [
+            "bash",
+            "-c",
+            filtered,
+            "bash",
+            "sagemaker-horovod:cpu-1",
+            "sagemaker-horovod:cpu",
+            *build[:-1],
+            "-t",
+            "sagemaker-horovod:cpu-1",
+            "-t",
+            "sagemaker-horovod:cpu",
+            build[-1],
+        ],
+        env=penv,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    tagged = [line for line in proc.stdout.splitlines() if line.startswith("Successfully tagged ")]
+    assert tagged == [
+        "Successfully tagged localhost/sagemaker-horovod:cpu-1",
+        "Successfully tagged localhost/sagemaker-horovod:cpu",
+    ], proc.stdout
+    # what podman itself printed: the tests' name too (the reason for the filter)
+    plain = subprocess.run(
+        [*build[:-1], "-t", "sagemaker-horovod:cpu", build[-1]],
+        env=penv,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert "Successfully tagged localhost/sagemaker-horovod-test:cpu-1" in plain.stdout, plain.stdout
