@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from support.ci import in_ci, need_engine, unavailable
+from support.scripts import run_script
 
 pytestmark = pytest.mark.integration  # runs the scripts, podman and (for the SDK venvs) pip
 
@@ -102,15 +103,7 @@ def import_image(env: dict[str, str], tmp_path: Path, *names: str) -> None:
 
 
 def script(env: dict[str, str], name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(REPO / "bin" / name), *args],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return run_script(name, *args, env=env)
 
 
 def engine_lines(stderr: str) -> list[str]:

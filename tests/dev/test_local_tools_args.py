@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from support.scripts import run_script
+
 pytestmark = pytest.mark.integration  # runs the scripts (bash, python3); a second or so in all
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,16 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 def run(
     script: str, *args: str, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    # A bound on every run: `--hosts 99999999999999999999` once looped forever.
-    return subprocess.run(
-        ["bash", str(REPO / "bin" / script), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    # bounded: `--hosts 99999999999999999999` once looped forever
+    return run_script(script, *args, env=env, cwd=cwd, timeout=60)
 
 
 @pytest.fixture
