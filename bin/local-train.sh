@@ -47,7 +47,7 @@ Examples:
       sagemaker-horovod:cpu
   $(basename "$0") --gpu sagemaker-horovod:gpu preflight
   $(basename "$0") sagemaker-horovod:cpu preflight      # the same check of a host without a GPU
-Exit: the job's exit code (the last host's line says it); 2: a bad argument; 69: --gpu and no GPU for a container.
+Exit: the job's exit code (its last line says it); 2: a bad argument; 69: --gpu and no GPU for a container.
 USAGE
 }
 
