@@ -49,7 +49,10 @@ PLUGIN_MIN_NCCL = (((1, 16), (2, 17, 1)),)
 OTHER_NETS = ("socket", "ib")  # NCCL_NET values that name a network other than a plugin's
 LIST_ARGV = ("fi_info", "-l")
 CONF_FILES = (Path("/etc/nccl.conf"),)  # NCCL's system file; NCCL_CONF_FILE or ~/.nccl.conf come before it
-MEMLOCK_FIX = "start the container with `--ulimit memlock=-1` (SageMaker's EFA instances have it unlimited)"
+# Below this, EFA's registrations cannot fit (engines' defaults: 64 KiB, 8 MiB). AWS's EFA guides ask for
+# unlimited; a finite limit above it, set on purpose, passes (a choice: not measured on an instance).
+MEMLOCK_FLOOR_KB = 1 << 20
+MEMLOCK_FIX = "start the container with `--ulimit memlock=-1` (AWS's EFA guides ask for unlimited)"
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,8 @@ def socket_reason(net: NcclNet, instance_type: str | None) -> str | None:
 def memlock_reason(net: NcclNet, instance_type: str | None) -> str | None:
     """Why a host of an EFA instance type cannot pin what EFA registers: a limit on locked memory. Pure."""
     if instance_type not in EFA_INSTANCE_TYPES or net.memlock_kb is None:
+        return None
+    if net.memlock_kb >= MEMLOCK_FLOOR_KB:
         return None
     limit = f"{net.memlock_kb} KiB (RLIMIT_MEMLOCK)"
     return f"locked memory is limited to {limit}, too little for EFA: {MEMLOCK_FIX}"

@@ -235,9 +235,10 @@ def test_a_limit_on_locked_memory_names_a_host_of_an_efa_type_with_the_fix() -> 
     limited = dataclasses.replace(PLUGIN, memlock_kb=8192)
     assert memlock_reason(limited, "ml.p4d.24xlarge") == (
         "locked memory is limited to 8192 KiB (RLIMIT_MEMLOCK), too little for EFA: start the container with "
-        "`--ulimit memlock=-1` (SageMaker's EFA instances have it unlimited)"
+        "`--ulimit memlock=-1` (AWS's EFA guides ask for unlimited)"
     )
     assert memlock_reason(PLUGIN, "ml.p4d.24xlarge") is None  # unlimited
+    assert memlock_reason(dataclasses.replace(PLUGIN, memlock_kb=64 << 20), "ml.p4d.24xlarge") is None
     assert memlock_reason(limited, "ml.c5.18xlarge") is None
     assert from_fact({**dataclasses.asdict(limited), "memlock_kb": -1}) is None
 
