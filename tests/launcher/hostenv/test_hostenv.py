@@ -230,6 +230,30 @@ def test_another_user_can_neither_read_nor_take_the_place(port, server):
 
 
 @pytest.mark.integration  # starts processes
+def test_a_process_of_the_same_user_that_is_no_rank_can_read_what_train_holds_as_it_can_its_environ(
+    port, server
+):
+    """The boundary docs/architecture.md states (issue 53.5): the uid, not the job. Any process of the same
+    user (here one no `train` started: not a rank, not a descendant) reads the environment through
+    /proc/PID/fd, credentials included when they are forwarded, as it reads `train`'s own /proc/PID/environ
+    (the container's credentials); what only ranks get is the check that the environment is their own
+    train's, not its secrecy."""
+    fd = (trust.directory(port) / trust.ENV_FD).read_text()
+    reader = (
+        "import json, sys\n"
+        "held = json.load(open(f'/proc/{sys.argv[1]}/fd/{sys.argv[2]}'))\n"
+        "environ = open(f'/proc/{sys.argv[1]}/environ', 'rb').read()\n"
+        "print(held['SM_CURRENT_HOST'], b'PATH=' in environ)\n"
+    )
+    stranger = subprocess.run(
+        [sys.executable, "-c", reader, str(server.pid), fd], capture_output=True, text=True, check=False
+    )
+    assert stranger.stdout.split() == ["algo-2", "True"], stranger.stderr
+    with pytest.raises(HostEnvUnavailable, match=r"which did not start this process: refused"):  # not a rank
+        hostenv_client.fetch(trust.directory(port), timeout=1, ancestors=[os.getpid()])
+
+
+@pytest.mark.integration  # starts processes
 @pytest.mark.parametrize("how", ["other user", "group writable", "symlink"])
 def test_a_place_taken_first_is_refused_by_train_and_by_ranks(port, tmp_path, how):
     """A squatter's directory (or a symlink to one): `train` refuses to serve there, a rank to trust it."""
