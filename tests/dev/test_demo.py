@@ -23,6 +23,15 @@ def readme_figure() -> float:
     return float(found[0])
 
 
+def mnist_page_figure() -> float:
+    """docs/mnist.md's `make demo` line gives the same figure."""
+    found = re.findall(
+        r"^make demo .*test accuracy (0\.\d{4})", (REPO / "docs" / "mnist.md").read_text(), re.M
+    )
+    assert len(found) == 1, f"docs/mnist.md should give the demo's accuracy once, found {found}"
+    return float(found[0])
+
+
 def test_the_demo_reaches_the_accuracy_the_readme_prints(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "smhvd_dev.demo", "--processes", "2", "--workdir", str(tmp_path)],
@@ -36,3 +45,4 @@ def test_the_demo_reaches_the_accuracy_the_readme_prints(tmp_path: Path) -> None
     printed = re.findall(r"^demo: test accuracy (0\.\d{4})", result.stdout, re.MULTILINE)
     assert len(printed) == 1, result.stdout[-2000:]
     assert float(printed[0]) == pytest.approx(readme_figure(), abs=0.0005)
+    assert float(printed[0]) == pytest.approx(mnist_page_figure(), abs=0.0005)
