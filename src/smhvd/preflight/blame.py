@@ -23,6 +23,8 @@ from smhvd.mpi.output import parse_mpirun_verdict
 from .collected import Collected, mpirun_message, tagged
 from .launch import Launch
 
+_SIGNED = re.compile(r"^\s*\[[^\]\s]+:\d+\]\s*")  # "[host:pid] ": who printed the line, not who failed
+
 
 @dataclass(frozen=True)
 class Blame:
@@ -94,8 +96,10 @@ def failed_job(collected: Collected, not_done: Sequence[int], seconds: float) ->
 def blamed_host(own: Iterable[bytes], hosts: Sequence[str]) -> str | None:
     """The host mpirun's own text (its untagged lines) names as where the job failed: the rank it says failed
     first (its host), else the first host named on a line other than the one of mpirun's own daemon (`HNP
-    daemon`). A rank's output is not read here. Pure."""
-    text = [line.decode(errors="replace") for line in own if not tagged(line)]
+    daemon`), past the `[host:pid]` with which Open MPI signs what a process prints (mpirun's own warnings
+    carry the leader's: `[algo-1:00368] plm:rsh: Warning: setpgid(...) failed`). A rank's output is not read
+    here. Pure."""
+    text = [_SIGNED.sub("", line.decode(errors="replace")) for line in own if not tagged(line)]
     failed = parse_mpirun_verdict("\n".join(text))
     if failed is not None and failed.host in hosts:
         return failed.host

@@ -459,6 +459,8 @@ the job to be terminated. The first process to do so was:
     ("said", "blamed"),
     [
         (LOST_DAEMON, "algo-4"),  # not mpirun's own daemon's host, the leader
+        # seen in the simulated cluster under load: mpirun's own warning, signed with its host, came first
+        (f"[algo-1:00368] plm:rsh: Warning: setpgid(372,372) failed in parent\n{LOST_DAEMON}", "algo-4"),
         (RANK_KILLED, "algo-3"),
         (PROCESS_EXITED, "algo-2"),  # by its rank
         ("mpirun: something without a host\n", None),
