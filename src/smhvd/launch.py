@@ -31,7 +31,7 @@ from smhvd.sourcecode import (
     program_path,
     resolve_source,
 )
-from smhvd.wire import OUTPUT_CHANNEL, OUTPUT_FRAMED, TAG_OUTPUT
+from smhvd.wire import INFLIGHT_POLICY, OUTPUT_CHANNEL, OUTPUT_FRAMED, TAG_OUTPUT
 
 log = logging.getLogger("smhvd")
 PREFLIGHT_NOT_RUN = (
@@ -53,6 +53,8 @@ def rank_env(job: Job, base: Mapping[str, str], sm_env: Mapping[str, str]) -> di
     env.setdefault("PYTHONUNBUFFERED", "1")
     env[TAG_OUTPUT] = "1" if job.options.launcher.tag_output else "0"
     env[OUTPUT_CHANNEL] = OUTPUT_FRAMED  # the supervisor takes the ranks' output from mpirun's stderr (wire)
+    if job.options.launcher.inflight != "off" and job.mpi_multi_host:  # hosts to compare (docs/inflight.md)
+        env[INFLIGHT_POLICY] = job.options.launcher.inflight
     pph = job.processes_per_host
     if job.options.mpi.enabled and pph > 1:
         # Several ranks share this host's cores: one slice each instead of every rank spawning a thread per

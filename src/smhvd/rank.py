@@ -23,6 +23,8 @@ from smhvd import wire
 from smhvd.env_options import read_env_options
 from smhvd.errors import EX_NOT_STARTED, EX_USAGE, LauncherError, exit_status
 from smhvd.hostenv import client as hostenv_client
+from smhvd.inflight.forward import Forward
+from smhvd.inflight.signals import SAMPLE_EVERY
 from smhvd.mpi.lines import Lines, Out, tag
 from smhvd.proc.loop import follow_output
 from smhvd.proc.processes import (
@@ -55,6 +57,27 @@ def local_env(env: Mapping[str, str]) -> dict[str, str]:
 def _identity(env: Mapping[str, str]) -> tuple[int | None, str | None]:
     rank = env.get("OMPI_COMM_WORLD_RANK") or env.get("PMIX_RANK")
     return (int(rank) if rank and rank.isdigit() else None), env.get("SM_CURRENT_HOST")
+
+
+def _local_rank(env: Mapping[str, str]) -> int | None:
+    local = env.get("OMPI_COMM_WORLD_LOCAL_RANK", "")
+    return int(local) if local.isdigit() else None
+
+
+class InflightPipe:
+    """In-flight on (wire.INFLIGHT_POLICY, under the launcher): a pipe whose write end the program gets (its
+    number in wire.INFLIGHT_FD), read here into INFLIGHT frames (inflight/forward.py)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.read_fd, self.write_fd = os.pipe2(os.O_CLOEXEC)
+        env[wire.INFLIGHT_FD] = str(self.write_fd)
+
+    def started(self) -> None:
+        """The program holds its end now: this process's copy is closed."""
+        os.close(self.write_fd)
+
+    def close(self) -> None:
+        os.close(self.read_fd)
 
 
 class Sink:
@@ -104,14 +127,24 @@ class Streams:
         self.tail = b""
         self.timers, self.due_timer = Timers(), Timer("a line in progress is due")
         self.armed: float | None = None  # the deadline the timer is set for
+        self.inflight: tuple[int, Forward] | None = None  # the in-flight pipe's read end and its reader
+
+    def measure(self, fd: int, forward: Forward) -> None:
+        """In-flight: the program's steps on `fd`, and this rank's samples every SAMPLE_EVERY seconds."""
+        self.inflight = (fd, forward)
+        self.timers.every(Timer("in-flight sample"), SAMPLE_EVERY, forward.sample)
 
     def follow(self) -> None:
         """Until the program exits (proc/loop.follow_output), then the unfinished last lines."""
-        follow_output(self.proc.pid, list(self.streams), self._output, self.timers)
+        fds = [*self.streams, *([self.inflight[0]] if self.inflight else [])]
+        follow_output(self.proc.pid, fds, self._output, self.timers)
         for lines, kinds in self.streams.values():
             self.sink.out(kinds, lines.finish())
 
     def _output(self, fd: int, chunk: bytes) -> None:
+        if self.inflight is not None and fd == self.inflight[0]:
+            self.inflight[1].feed(chunk)
+            return
         lines, kinds = self.streams[fd]
         self.sink.out(kinds, lines.feed(chunk, time.monotonic()))
         if fd == self.err:
@@ -142,11 +175,22 @@ def run(program: list[str]) -> int:
     except LauncherError as exc:  # no host environment: not SM_CURRENT_HOST, that would be the leader's
         return not_run(str(exc), exc.exit_code, _identity(os.environ)[0], socket.gethostname(), sink)
     rank, host = _identity(env)  # this host's own SM_CURRENT_HOST
-    pipe = subprocess.PIPE
+    inflight = InflightPipe(env) if sink.framed and env.get(wire.INFLIGHT_POLICY) else None
+    pipe, pass_fds = subprocess.PIPE, (inflight.write_fd,) if inflight else ()
     try:
-        proc = subprocess.Popen(program, env=env, stdout=pipe, stderr=pipe, preexec_fn=rank_program_preexec)  # noqa: PLW1509
+        proc = subprocess.Popen(
+            program,
+            env=env,
+            stdout=pipe,
+            stderr=pipe,
+            pass_fds=pass_fds,
+            preexec_fn=rank_program_preexec,  # noqa: PLW1509
+        )
     except (FileNotFoundError, PermissionError) as exc:
         return not_run(f"cannot run {program[0]}: {exc.strerror}", EX_NOT_STARTED, rank, host, sink)
+    finally:
+        if inflight is not None:
+            inflight.started()
     sink.send(wire.START, wire.RankStart(rank, host, at=time.time()).to_json())  # for the job summary
     stops: list[int] = []
 
@@ -159,8 +203,12 @@ def run(program: list[str]) -> int:
         signal.signal(sig, forward)
     tagged = env.get(wire.TAG_OUTPUT, "1") != "0"
     streams = Streams(proc, lambda stream: tag(rank, host, stream) if tagged else b"", sink)
+    if inflight is not None:
+        streams.measure(inflight.read_fd, Forward(sink.send, rank, host, _local_rank(env), proc.pid))
     with proc.stdout, proc.stderr:  # type: ignore[union-attr]
         streams.follow()
+    if inflight is not None:
+        inflight.close()
     code = proc.wait()
     # The job's end is the program's exit: what it left running (a child holding its stdout or stderr, which
     # mpirun would wait for) is killed now. This wrapper is their subreaper, so daemons are found too.

@@ -25,7 +25,8 @@ STDOUT_PIECE = ord("o")
 STDERR_PIECE = ord("e")
 START = ord("S")
 FAILURE = ord("F")
-KINDS = frozenset({STDOUT, STDERR, STDOUT_PIECE, STDERR_PIECE, START, FAILURE})
+INFLIGHT = ord("I")  # in-flight reports (one JSON document a line: a rank's steps, or its host's signals)
+KINDS = frozenset({STDOUT, STDERR, STDOUT_PIECE, STDERR_PIECE, START, FAILURE, INFLIGHT})
 _ESCAPES = ((b"\x1d", b"\x1d1"), (b"\x1c", b"\x1d0"), (b"\x1e", b"\x1d2"), (b"\x1f", b"\x1d3"))
 _SPECIAL = re.compile(rb"[\x1c-\x1f]")
 
@@ -38,6 +39,13 @@ OUTPUT_CHANNEL = "SMHVD_RANK_OUTPUT"
 OUTPUT_FRAMED = "records"
 # Where each host's `train` serves its ranks' environment: the leader's own directory (hostenv/server.py).
 HOSTENV_SERVED_FROM = "SMHVD_HOSTENV"
+
+# In-flight (inflight/, docs/inflight.md): INFLIGHT_POLICY names the policy when it is on (the leader sets it for
+# every rank); the rank wrapper then gives its program the write end of a pipe, its number in INFLIGHT_FD,
+# on which the program writes its steps as lines (inflight/record.py), and the wrapper passes them on as
+# INFLIGHT frames with its rank, host and its samples of what could slow them (inflight/signals.py).
+INFLIGHT_POLICY = "SMHVD_INFLIGHT"
+INFLIGHT_FD = "SMHVD_INFLIGHT_FD"
 
 # The pre-flight (preflight/): the leader gives its probe what to check as JSON in PREFLIGHT_SPEC (forwarded
 # to every host like the job's own variables); each probe writes its findings to stdout as lines

@@ -23,8 +23,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("smhvd.errors", "smhvd.wire", "smhvd.option_spec", "smhvd.env_options"),  # exit codes; what crosses
     # process boundaries; how an option is declared and read, and the launcher's environment variables
     ("smhvd.proc",),  # how processes run and are waited for: the generic kernel, no policy
-    ("smhvd.hostenv", "smhvd.link"),  # the two cross-host protocols, each in one home: a host's environment
-    # for its ranks (server, client, trust) and the leader-worker link (connect, relay, listen). They reach
+    ("smhvd.hostenv", "smhvd.link", "smhvd.inflight"),  # the two cross-host protocols, each in one home: a
+    # host's environment for its ranks (server, client, trust) and the leader-worker link (connect, relay,
+    # listen); and in-flight (a rank's steps, its wrapper's samples, the leader's verdict). They reach
     # nothing above proc/, env_options and wire, so the rank and the relay load neither roles nor config
     ("smhvd.config",),  # what the job is
     ("smhvd.report", "smhvd.environment", "smhvd.sourcecode", "smhvd.s3_download"),  # what the user is told;

@@ -171,6 +171,9 @@ class MpiOptions:
     )
 
 
+INFLIGHT_POLICIES = ("off", "warn")
+
+
 @dataclass(frozen=True)
 class LauncherOwnOptions:
     peer_timeout: float = option(
@@ -210,6 +213,15 @@ class LauncherOwnOptions:
         'stack dumps of every rank when no rank has written output for this long (see "Hung jobs")',
         shown_default="off",
         readme="stack dumps of every rank after this long without output",
+    )
+    inflight: str = option(
+        "launcher_inflight",
+        "warn",
+        choice(*INFLIGHT_POLICIES),
+        "while the job runs, name the host whose ranks reach the collective last in most steps, by a margin "
+        "that matters, and what slows it (docs/inflight.md); `off`: nothing is measured",
+        shown_default="`warn`",
+        readme="name the host that slows every step while the job runs: `warn` or `off`",
     )
     tag_output: bool = option(  # (mpi/lines.py)
         "launcher_tag_output",

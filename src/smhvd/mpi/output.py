@@ -5,14 +5,16 @@ behind `[JOB,RANK]<stderr>:`; the wrapper writes whole frames of at most that si
 piece ends at a frame's end unless it is FRAME_MAX long. `FrameReader` joins each rank's frames and lines
 whatever came between them and passes what is no frame as text (why it holds: docs/output.md).
 `StderrFilter` routes it: stdout lines to stdout, stderr lines and mpirun's text to stderr, start and failure
-reports to the summary and the failure file; `parse_mpirun_verdict` reads mpirun's own message when no report
-came. `abort_notice`: Open MPI announced that the job aborts (the supervisor ends a mpirun that then hangs).
+reports to the summary and the failure file, in-flight reports to whoever watches the job (inflight/);
+`parse_mpirun_verdict` reads mpirun's own message when no report came. `abort_notice`: Open MPI announced
+that the job aborts (the supervisor ends a mpirun that then hangs).
 """
 
 from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 
 from smhvd import wire
 from smhvd.wire import RankFailure, RankStart
@@ -163,9 +165,14 @@ def first_sentence(lines: list[str]) -> str:
     return head[: NOTICE_LIMIT - 3] + "..." if len(head) > NOTICE_LIMIT else head
 
 
+def _ignore(_lines: bytes) -> None:
+    pass
+
+
 class StderrFilter:
-    def __init__(self, keep_bytes: int = 16384) -> None:
+    def __init__(self, keep_bytes: int = 16384, inflight: Callable[[bytes], object] = _ignore) -> None:
         self.reader = FrameReader()
+        self.inflight = inflight  # the ranks' in-flight reports (wire.INFLIGHT lines), as they come
         self.failures: list[RankFailure] = []
         self.starts: list[RankStart] = []  # each rank's start (the rank wrappers' start frames)
         self._tail: deque[bytes] = deque()
@@ -194,6 +201,8 @@ class StderrFilter:
                 self.starts += [s for line in data.splitlines() if (s := RankStart.from_json(line))]
             elif kind == wire.FAILURE:
                 self.failures += [f for line in data.splitlines() if (f := RankFailure.from_json(line))]
+            elif kind == wire.INFLIGHT:
+                self.inflight(data)
             else:  # the ranks' stderr lines and mpirun's own text
                 shown += data
         text = bytes(shown)

@@ -57,6 +57,9 @@ class Role(Protocol):
     def stopping(self) -> None:
         """A stop reached this host's ranks (the leader passes it on to its workers)."""
 
+    def inflight_reports(self, lines: bytes) -> None:
+        """The ranks' in-flight reports (wire.INFLIGHT lines), as they come (the leader judges them)."""
+
 
 @dataclass
 class Alone:
@@ -71,13 +74,16 @@ class Alone:
     def stopping(self) -> None:
         pass
 
+    def inflight_reports(self, lines: bytes) -> None:
+        pass
+
 
 def supervise(
     argv: Sequence[str], env: Mapping[str, str], cwd: Path, watch: SignalWatch, role: Role
 ) -> Outcome:
     """Run argv to its end, `role`'s heartbeat every HEARTBEAT_INTERVAL, its stack dumps when due (SIGUSR1, a
     stop, a Horovod stall, silence), `watch` read for stop signals."""
-    output = StderrFilter()
+    output = StderrFilter(inflight=role.inflight_reports)
     proc = _start(argv, env, cwd)
     assert proc.stderr is not None
     stderr = proc.stderr

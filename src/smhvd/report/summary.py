@@ -31,6 +31,7 @@ class JobSummary:
     )  # with horovod_timeline: share of the ranks' time inside Horovod operations
     preflight: Mapping[str, Any] | None = None  # the pre-flight's verdict (preflight/verdict.py), when it ran
     preflight_only: bool = False  # `train preflight`: the check was the job, no script ran
+    inflight: Mapping[str, Any] | None = None  # in-flight's verdict (inflight/monitor.py), when it watched
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -55,6 +56,10 @@ class JobSummary:
         if self.preflight is not None:
             named = self.preflight.get("named") or []
             text += f"; pre-flight: {len(named)} host(s) named" if named else "; pre-flight: ok"
+        if self.inflight is not None:
+            episodes = self.inflight.get("named") or []
+            late = sorted({str(e.get("host")) for e in episodes if isinstance(e, Mapping)})
+            text += f"; in-flight: {', '.join(map(str, late))} named" if late else "; in-flight: nobody named"
         if self.failure:
             text += f"; failure: {self.failure}"
         return text
@@ -73,6 +78,7 @@ def summarize(
     horovod_op_share: float | None = None,
     preflight: Mapping[str, Any] | None = None,
     preflight_only: bool = False,
+    inflight: Mapping[str, Any] | None = None,
 ) -> JobSummary:
     per_host: dict[str, int] = {}
     for start in starts:
@@ -91,6 +97,7 @@ def summarize(
         horovod_op_share=horovod_op_share,
         preflight=preflight,
         preflight_only=preflight_only,
+        inflight=inflight,
     )
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from types import CodeType, ModuleType, TracebackType
 
 USAGE = 64
+INFLIGHT_FD = "SMHVD_INFLIGHT_FD"  # wire.INFLIGHT_FD (wire itself imports more than the interpreter had)
 
 
 def _flush() -> None:
@@ -109,6 +110,20 @@ def compile_script(path: str) -> "CodeType":
     return compile(source, path, "exec", dont_inherit=True)
 
 
+def start_inflight() -> None:
+    """In-flight is on (docs/inflight.md): this rank's steps recorded to the pipe its rank wrapper gave it,
+    and the frameworks it measures with no code patched when the script imports them. The variable is taken
+    out of the environment and the pipe is not inherited: the script's own children see neither."""
+    fd = os.environ.pop(INFLIGHT_FD, "")
+    if not fd.isdigit():
+        return
+    # only what the interpreter had loaded, and these:
+    from smhvd.inflight import hooks, record
+
+    if record.start(int(fd)) is not None:
+        hooks.install()
+
+
 def main(argv: list[str]) -> None:
     if not argv:
         sys.stderr.write(f"usage: python {__file__} SCRIPT [ARGS...]\n")
@@ -134,6 +149,7 @@ def main(argv: list[str]) -> None:
         return
     module = main_module(script)
     forget_own_imports()
+    start_inflight()
     sys.modules["__main__"] = module  # for good: exit handlers and pickle find the script's own classes
     try:
         exec(code, module.__dict__)  # noqa: S102  (the user's script, as `python SCRIPT` runs it)

@@ -266,7 +266,8 @@ def _calls_and_imports(path: Path) -> tuple[set[str], set[str]]:
 def test_one_loop_a_process_and_no_thread_but_the_stack_dumps() -> None:
     """The launcher's source makes a Loop in one place (process_loop: every wait is a scope of it) and
     starts threads in one module (report/stacks.py: py-spy for each rank). A second loop or a serving thread
-    fails here."""
+    fails here. inflight/record.py runs in the training script's own process and takes a lock there (its
+    steps are recorded from TensorFlow's threads), never starting a thread."""
     makes_loops, threads = [], []
     for path in sorted(SRC.rglob("*.py")):
         called, imported = _calls_and_imports(path)
@@ -276,4 +277,5 @@ def test_one_loop_a_process_and_no_thread_but_the_stack_dumps() -> None:
         if imported & {"threading", "_thread", "concurrent.futures"}:
             threads.append(where)
     assert makes_loops == ["proc/loop.py"]
-    assert threads == ["report/stacks.py"]
+    assert threads == ["inflight/record.py", "report/stacks.py"]
+    assert "start_new_thread" not in (SRC / "inflight" / "record.py").read_text()

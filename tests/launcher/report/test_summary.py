@@ -43,6 +43,7 @@ def test_summary_counts_ranks_where_they_started_and_times_from_train_start():
         "horovod_op_share": None,
         "preflight": None,
         "preflight_only": False,
+        "inflight": None,
     }
     assert summary.render() == (
         "job summary: exit 3; 4 rank(s) on 2 host(s) (algo-1:2, algo-2:1); first rank after 3.00s; "
