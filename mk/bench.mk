@@ -22,3 +22,11 @@ BENCH_OUTPUT_ARGS ?=
 
 bench-output: setup ## rank output: ours vs plain mpirun --tag-output, 100- and 1000-byte lines, 1x2 and 2x2 ranks (~3 min)
 	$(PY) benchmarks/output_speed.py $(BENCH_OUTPUT_ARGS)
+
+# In-flight's cost and false alarms: MNIST through `train` on simulated hosts, launcher_inflight warn vs off (root).
+#   make bench-inflight BENCH_INFLIGHT_ARGS='--hosts 2 --repeats 3'
+.PHONY: bench-inflight
+BENCH_INFLIGHT_ARGS ?=
+
+bench-inflight: setup ## in-flight on vs off: MNIST step time and false alarms, 2 and 4 simulated hosts (~15 min)
+	cd benchmarks && $(PY) inflight_cost.py $(BENCH_INFLIGHT_ARGS)

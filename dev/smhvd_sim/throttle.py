@@ -1,5 +1,5 @@
-"""One simulated host made slow on purpose, as a throttled instance or a noisy neighbour makes a real one: every
-process of the host moved into a CPU cgroup of its own with a quota (`share` of one CPU), and back out.
+"""One simulated host made slow on purpose, as a throttled instance or a noisy neighbour makes a real one:
+every process of the host moved into a CPU cgroup of its own with a quota (`share` of one CPU), and back.
 
 cgroup v1's `cpu` controller (`cpu.cfs_quota_us` over `cpu.cfs_period_us`) where it is mounted, else cgroup
 v2's `cpu.max` where the `cpu` controller can be enabled. What the host forks later is in the group too (a

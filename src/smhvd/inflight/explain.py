@@ -41,6 +41,7 @@ HOST_CAUSES = (
     Cause("pressure.cpu", 0.2, 0.2, lambda v: f"CPU pressure {v:.0%} (tasks waited for a CPU)"),
     Cause("pressure.memory", 0.1, 0.1, lambda v: f"memory pressure {v:.0%} (stalled on reclaim or swap)"),
     Cause("pressure.io", 0.2, 0.2, lambda v: f"I/O pressure {v:.0%} (tasks stalled on I/O)"),
+    Cause("retransmits", 0.01, 0.01, lambda v: f"TCP retransmitted {v:.1%} of its segments (a lossy link)"),
 )
 
 

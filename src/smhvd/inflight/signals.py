@@ -2,7 +2,8 @@
 the first rank's wrapper of each host, what could slow the whole host), as shares of the interval since the
 last sample: the rank's CPU-quota throttling (its cgroup's `cpu.stat`), the CPU it used and its time waiting
 on block I/O (`/proc/PID/stat`); the host's CPU steal (`/proc/stat`), its CPU, memory and I/O pressure
-(`/proc/pressure/*`), and each GPU's clocks as nvidia-smi reports them (bounded, as the pre-flight runs it).
+(`/proc/pressure/*`), its TCP retransmits (`/proc/net/snmp`), and each GPU's clocks as nvidia-smi reports
+them (bounded, as the pre-flight runs it).
 
 Each reading is a pure function of the files' text; `Sampler` keeps the previous counters. Whatever cannot be
 read (no cgroup quota, no PSI, no GPU) is None, never an error: the verdict compares only what every host has.
@@ -48,6 +49,7 @@ class Counters:
     io_ticks: int | None = None  # the rank's delayacct_blkio_ticks
     host_cpu: tuple[int, int] | None = None  # /proc/stat: (all ticks, steal ticks)
     pressure: Mapping[str, int] | None = None  # /proc/pressure/*: some total, microseconds
+    tcp: tuple[int, int] | None = None  # /proc/net/snmp: (OutSegs, RetransSegs)
 
 
 def parse_cpu_stat(text: str) -> tuple[int, int] | None:
@@ -96,6 +98,18 @@ def parse_proc_stat(text: str) -> tuple[int, int] | None:
     return None
 
 
+def parse_snmp(text: str) -> tuple[int, int] | None:
+    """(OutSegs, RetransSegs) of /proc/net/snmp's Tcp lines (a header line, then its values). Pure."""
+    rows = [line.split()[1:] for line in text.splitlines() if line.startswith("Tcp:")]
+    if len(rows) < 2:
+        return None
+    fields = dict(zip(rows[0], rows[1], strict=False))
+    try:
+        return int(fields["OutSegs"]), int(fields["RetransSegs"])
+    except (KeyError, ValueError):
+        return None
+
+
 def parse_pressure(text: str) -> int | None:
     """The `some` line's total (microseconds stalled) of a /proc/pressure file. Pure."""
     for line in text.splitlines():
@@ -134,6 +148,8 @@ def rates(before: Counters, after: Counters) -> dict[str, Any]:
     }
     if after.host_cpu is not None:
         out["steal"] = share(before.host_cpu, after.host_cpu, 0.0)
+    if after.tcp is not None:
+        out["retransmits"] = share(before.tcp, after.tcp, 0.0)
     if after.pressure is not None and before.pressure is not None:
         out["pressure"] = {
             kind: share(before.pressure.get(kind), after.pressure.get(kind), seconds * 1e6)
@@ -172,6 +188,7 @@ def read_counters(pid: int, host_wide: bool, clock: Callable[[], float] = time.m
         io_ticks=own[1] if own else None,
         host_cpu=host_cpu,
         pressure=pressure,
+        tcp=parse_snmp(_read("/proc/net/snmp") or "") if host_wide else None,
     )
 
 

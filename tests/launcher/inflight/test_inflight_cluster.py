@@ -73,7 +73,9 @@ def test_a_host_given_a_cpu_quota_mid_job_is_named_with_its_cause_and_its_recove
     host, text = NAMED.search(line).group(2, 3)  # type: ignore[union-attr]
     assert host == "algo-2"
     assert named_after < 60
-    assert re.match(r"its ranks reach the allreduce \d+\.\d\d s after the others \(median of \d+ steps; ", text)
+    assert re.match(
+        r"its ranks reach the allreduce \d+\.\d\d s after the others \(median of \d+ steps; ", text
+    )
     assert "algo-2: CPU throttled " in text and "(its cgroup's CPU quota)" in text
     assert {h: p.wait(JOB_TIMEOUT) for h, p in processes.items()} == dict.fromkeys(JOB_HOSTS, 0)
     log = leader.log.read_text(errors="replace")

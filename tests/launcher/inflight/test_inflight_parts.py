@@ -116,6 +116,29 @@ def test_proc_stat_steal_and_pressure_are_read() -> None:
     assert signals.parse_pid_stat(stat) == (200, 42)
 
 
+def test_tcp_retransmits_are_read() -> None:
+    snmp = "Ip: Forwarding\nIp: 1\nTcp: RtoAlgorithm OutSegs RetransSegs\nTcp: 1 1000 20\n"
+    assert signals.parse_snmp(snmp) == (1000, 20)
+    assert signals.share((1000, 20), (3000, 70), 0.0) == pytest.approx(0.025)
+    assert signals.parse_snmp("Tcp: OutSegs\n") is None
+
+
+@pytest.mark.integration
+def test_a_fake_nvidia_smi_is_asked_for_the_host_s_gpu_clocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first rank of a host runs nvidia-smi (bounded) for its GPUs' clocks; no GPU here: a fake one."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, 0x0000000000000020, 88, 1100, 1980'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    sampler = signals.Sampler(os.getpid(), host_wide=True)
+    gpu = sampler.sample()["gpu"]
+    assert gpu == [{"index": 0, "slowdown": ["SW thermal"], "temperature": 88.0, "sm_clock_ratio": 0.556}]
+    assert "gpu" not in sampler.sample()  # every GPU_EVERY seconds, not every sample
+    assert "gpu" not in signals.Sampler(os.getpid(), host_wide=False).sample()  # a host's first rank only
+
+
 def test_a_real_process_is_sampled() -> None:
     sampler = signals.Sampler(os.getpid(), host_wide=True)
     start = os.times().user
@@ -181,8 +204,8 @@ def run_job(monitor: Monitor, clock: Clock, steps: range, late: dict[str, float]
         clock.now += 1.0
         batch = b""
         for rank, host in enumerate(("algo-1", "algo-2", "algo-3")):
-            waits = [0.3 - late.get(host, 0.0) for _ in range(10)]
-            marks = [[s, 1000 + s * 0.1 - w, 1000 + s * 0.1] for s, w in zip(range(start, start + 10), waits)]
+            wait = 0.3 - late.get(host, 0.0)
+            marks = [[s, 1000 + s * 0.1 - wait, 1000 + s * 0.1] for s in range(start, start + 10)]
             batch += line(host, rank, steps=marks)
             throttled = 0.7 if late.get(host) else None
             batch += line(host, rank, local_rank=0, signals={"throttled": throttled, "steal": 0.0})
@@ -202,11 +225,13 @@ def test_the_watch_names_the_late_host_once_says_when_it_recovers_and_keeps_the_
     run_job(monitor, clock, range(1200, 2400), {"algo-3": 0.2})
     run_job(monitor, clock, range(2400, 3600), {})
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert warnings == [
-        "in-flight: algo-3 slows every step: its ranks reach the allreduce 0.20 s after the others (median of "
-        f"{warnings[0].split('median of ')[1].split(' ')[0]} steps; steps 1.0x the job's first minute); "
-        "algo-3: CPU throttled 70% of the last 60 s (its cgroup's CPU quota)"
-    ]
+    assert len(warnings) == 1
+    assert re.fullmatch(
+        r"in-flight: algo-3 slows every step: its ranks reach the allreduce 0\.20 s after the others "
+        r"\(median of \d+ steps; steps 1\.0x the job's first minute\); "
+        r"algo-3: CPU throttled 70% of the last 60 s \(its cgroup's CPU quota\)",
+        warnings[0],
+    )
     ended = [r.getMessage() for r in caplog.records if "no longer slows" in r.getMessage()]
     assert len(ended) == 1 and ended[0].startswith("in-flight: algo-3 no longer slows the steps")
     written = json.loads(summary.read_text())

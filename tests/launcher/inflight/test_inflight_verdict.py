@@ -37,9 +37,8 @@ def test_the_host_that_waits_least_for_the_allreduce_is_as_late_as_the_others_wa
 def test_by_ready_alone_the_host_that_reaches_the_collective_last_is_late_by_its_distance_to_the_median() -> (
     None
 ):
-    steps = {
-        h: HostStep(ready=10.0 + r, wait=None, mark=10.0 + r) for h, r in zip(HOSTS, (0.0, 0.01, 0.4, 0.02))
-    }
+    ready = dict(zip(HOSTS, (0.0, 0.01, 0.4, 0.02), strict=True))
+    steps = {h: HostStep(ready=10.0 + r, wait=None, mark=10.0 + r) for h, r in ready.items()}
     late = lateness(steps, {})
     assert late["algo-3"] == pytest.approx(0.39)
     assert late["algo-1"] == pytest.approx(-0.02)
