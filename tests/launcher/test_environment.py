@@ -105,3 +105,16 @@ def test_cross_file_validation(tmp_path):
 def test_sm_log_level_is_the_sdks_container_log_level_0_included(tmp_path, given, expected):
     env = training_env(make_job(tmp_path, given), tmp_path / "code", "train.py", "")
     assert (env["SM_LOG_LEVEL"], json.loads(env["SM_TRAINING_ENV"])["log_level"]) == (str(expected), expected)
+
+
+def test_in_flight_reaches_the_ranks_only_when_on_with_hosts_to_compare(tmp_path):
+    """docs/inflight.md: on by default with several MPI hosts; off, or one host, nothing is set (the rank
+    wrapper then makes no pipe and the script imports nothing of it)."""
+    two = ("algo-1", "algo-2")
+    on = rank_env(make_job(tmp_path / "on", hosts=two), {}, {})
+    off = rank_env(make_job(tmp_path / "off", {"launcher_inflight": "off"}, hosts=two), {}, {})
+    alone = rank_env(make_job(tmp_path / "alone"), {}, {})
+    assert on["SMHVD_INFLIGHT"] == "warn"
+    assert "SMHVD_INFLIGHT" not in off and "SMHVD_INFLIGHT" not in alone
+    with pytest.raises(ConfigError, match="launcher_inflight"):
+        make_job(tmp_path / "bad", {"launcher_inflight": "fail"}, hosts=two)
