@@ -25,9 +25,13 @@ def _time(value: object) -> bool:
 def parse_steps(line: bytes) -> list[list[Any]] | None:
     """A recorder's line as its steps, or None when it is not one. Pure."""
     try:
-        steps = json.loads(line)
+        return valid_steps(json.loads(line))
     except ValueError:
         return None
+
+
+def valid_steps(steps: object) -> list[list[Any]] | None:
+    """`steps` when it is a list of [SEQ, READY, DONE] (DONE a time or None), else None. Pure."""
     if not isinstance(steps, list) or not 0 < len(steps) <= STEPS_MAX:
         return None
     for item in steps:

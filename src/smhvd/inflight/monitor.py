@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from smhvd.inflight.explain import SIGNAL_WINDOW, Sample, explain, summary_of
-from smhvd.inflight.forward import parse_steps
+from smhvd.inflight.forward import valid_steps
 from smhvd.inflight.verdict import (
     SLOW_END_RATIO,
     SLOW_RATIO,
@@ -102,9 +102,8 @@ class Monitor:
             if found is None:
                 continue
             host, rank, document = found
-            steps = document.get("steps")
-            if steps is not None:
-                valid = parse_steps(json.dumps(steps).encode())
+            if "steps" in document:
+                valid = valid_steps(document["steps"])
                 if valid is not None:
                     self.verdict.add((host, rank), valid, now)
             elif isinstance(document.get("signals"), dict):
