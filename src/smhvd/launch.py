@@ -91,9 +91,15 @@ def prepare_dirs(paths: SageMakerPaths) -> None:
         directory.mkdir(parents=True, exist_ok=True)
 
 
+def _nobody(_step: str) -> None:
+    """A host whose preparation nobody waits to hear about (the leader, a job alone)."""
+
+
 @contextlib.contextmanager
-def step(what: str) -> Iterator[None]:
-    """One preparation step: a stop that ends it says which step it ended, and after how long."""
+def step(what: str, report: Callable[[str], None] = _nobody) -> Iterator[None]:
+    """One preparation step, `report`ed as it starts (a worker's leader waits for it: roles/worker.py); a
+    stop that ends it says which step it ended, and after how long."""
+    report(what)
     started = time.monotonic()
     try:
         yield
@@ -137,8 +143,9 @@ def launch(
                     ready = _prepare(job, preflight_only)
                     return leader.run(ready.program, ready.env, ready.code_dir, started_at, preflight_only)
             with Worker(job, run_dir) as worker:
-                ready = _prepare(job, preflight_only)
+                ready = _prepare(job, preflight_only, worker.preparing)
                 worker.serve(ready.env)
+                worker.prepared()  # the leader starts the job (and the pre-flight) once every host said so
                 if (
                     not job.runs_mpi_here
                 ):  # outside the distribution instance groups (config/instance_groups.py)
@@ -174,23 +181,23 @@ def _load(paths: SageMakerPaths, job_log_level: Callable[[int], object] | None) 
     return job
 
 
-def _prepare(job: Job, preflight_only: bool) -> Prepared:
+def _prepare(job: Job, preflight_only: bool, report: Callable[[str], None] = _nobody) -> Prepared:
     """The code, its requirements, the ranks' environment and the EFA probe. Every step is a child process
     (proc/steps.py) or in-process work that a stop interrupts (proc/signals.py). A pre-flight alone needs no
     code. What only this host's environment refuses is found here, once its role has started (a leader's
-    then reaches its workers)."""
+    then reaches its workers). `report`: each step as it starts."""
     refuse_output_env(os.environ)  # OMPI_MCA_orte_xml_output=1 is --xml: 78, as in custom_mpi_options
     if preflight_only:
         env = rank_env(job, os.environ, {})
         program, code_dir, name = [], Path("/"), "the pre-flight"
     else:
         source = resolve_source(job.options.program, job.paths, os.environ)
-        with step(f"fetching the code from {source.location}"):
+        with step(f"fetching the code from {source.location}", report):
             fetch_source(source, job.options.program.region)
         entry = program_path(source)
         if requirements := job.options.program.requirements:
             named_by = job.options.program.origin.requirements_named_by
-            with step(f"pip install -r {requirements}"):
+            with step(f"pip install -r {requirements}", report):
                 if install_requirements(source.code_dir, name=requirements, named_by=named_by):
                     log.info("installed %s", source.code_dir / requirements)
         program = program_command(entry, source.code_dir) + list(job.script_args)
@@ -198,7 +205,7 @@ def _prepare(job: Job, preflight_only: bool) -> Prepared:
         env = rank_env(job, os.environ, training_env(job, source.code_dir, source.program, module_dir))
         code_dir, name = source.code_dir, source.program
     if job.options.mpi.enabled:
-        with step("the EFA probe (fi_info)"):
+        with step("the EFA probe (fi_info)", report):
             env.update(efa_settings(job, env))
     prepare_dirs(job.paths)
     return Prepared(program, env, code_dir, name)

@@ -196,3 +196,34 @@ def wait_ranks_running(cluster: Cluster, count: int = 2) -> None:
         return True if len(found) >= count else None
 
     wait_for(running, f"{count} ranks of the probe job to run", RANKS_TIMEOUT)
+
+
+# A local package whose build (its wheel) ignores SIGTERM, as a long native build can for a while, and takes
+# `seconds`: pip's step takes STOP_GRACE to end. The build says it started in /opt/ml/output/building and when
+# it ended in /opt/ml/output/built (time.time(); both seen from outside the host).
+SLOW_BUILD = """
+import pathlib, signal, sys, time
+import setuptools
+if "bdist_wheel" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    pathlib.Path("/opt/ml/output/building").touch()
+    time.sleep({seconds})
+    pathlib.Path("/opt/ml/output/built").write_text(repr(time.time()))
+setuptools.setup(name="slowpkg", version="1.0", py_modules=[])
+"""
+
+
+def slow_build(cluster: Cluster, host: str, seconds: float = 300.0) -> dict[str, str]:
+    """`host`'s requirements.txt is a local package whose build ignores SIGTERM and takes `seconds`; the
+    variables that build it with the launcher's own setuptools (the hosts have no index to fetch one from)
+    and install it under the host's own /opt/ml (never into the shared venv)."""
+    package = cluster.ml_dir(host) / "code" / "slowpkg"
+    package.mkdir()
+    (package / "setup.py").write_text(SLOW_BUILD.format(seconds=seconds))
+    (cluster.ml_dir(host) / "code" / "requirements.txt").write_text("--no-index\n./slowpkg\n")
+    return {"PIP_NO_BUILD_ISOLATION": "0", "PIP_TARGET": "/opt/ml/output/site"}
+
+
+def wait_building(cluster: Cluster, host: str) -> None:
+    building = cluster.ml_dir(host) / "output" / "building"
+    wait_for(lambda: building.exists() or None, f"{host}'s pip to build the slow package", 120)

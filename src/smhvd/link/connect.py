@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smhvd.errors import PeerError, Stopped
-from smhvd.link import LINKED, READY, Event
+from smhvd.errors import Ended, PeerError, Stopped
+from smhvd.link import END, LINKED, PREPARED, PREPARING, READY, Event
 from smhvd.link.relay import command as relay_command
 from smhvd.proc.loop import process_loop, wait_exits
 from smhvd.proc.processes import die_with_parent
@@ -38,6 +38,8 @@ MAX_SSH_IN_FLIGHT = 64  # ssh attempts at once (each is a process and a handshak
 CLOSE_TIMEOUT = 5.0
 PROBE_IDENTIFICATION = b"SSH-2.0-smhvd_probe\r\n"  # an SSH client's first line (RFC 4253 4.2)
 SAID_KEPT = 4096  # of what an attempt printed before READY, at most this much is kept (its last words)
+PREPARE_LOG_EVERY = 30.0  # while the leader waits for workers to prepare, it says for whom this often
+WORDS_KEPT = 1 << 16  # a worker's word (a line) longer than this is not one: cut
 
 Address = tuple[socket.AddressFamily, tuple[Any, ...]]  # a socket family and an address of it
 Resolve = Callable[[str, int], Sequence[Address]]
@@ -121,6 +123,10 @@ class _Worker:
     link: WorkerLink | None = None
     told: bool = False  # the leader's `end` reached it
     resolved: bool = False  # its name resolved at least once
+    prepared: bool = False  # it said `prepared`
+    doing: str = "not heard from since it was linked"  # its last `preparing` step
+    since: float = 0.0  # when it said so
+    words: bytes = b""  # its line in progress
     gone: bool = False  # its link closed before the job started: its `train` ended
 
 
@@ -137,7 +143,10 @@ class Linking:
         command: Command | None = None,
         resolve: Resolve = addresses,
         clock: Callable[[], float] = time.monotonic,
+        prepare_bound: tuple[float, str] | None = None,
     ) -> None:
+        """`prepare_bound`: (seconds from `__enter__`, the option that sets them): `wait` waits until every
+        worker also said `prepared`, up to that bound; None: linked is enough."""
         argv_for = command or (lambda host: ssh_command(ssh_config, host, relay_command(port)))
         self.workers = [_Worker(host, argv_for(host), Timer(f"worker {host}")) for host in hosts]
         self.port, self.timeout, self.resolve = port, timeout, resolve
@@ -149,9 +158,13 @@ class Linking:
         self.deadline = Timer("the wait for every worker")
         self.waiting = False  # `wait` or `end` runs the loop: only they may stop it (other waits run it too)
         self.timed_out = False  # the workers had the whole timeout to come up
+        self.prepare_bound, self.clock = prepare_bound, clock
+        self.prepare_deadline = Timer("the wait for every worker to prepare")
 
     def __enter__(self) -> Linking:
         self.loop.timers.after(self.deadline, self.timeout, self._timed_out)
+        if self.prepare_bound is not None:
+            self.loop.timers.after(self.prepare_deadline, self.prepare_bound[0], self._not_prepared)
         for worker in self.workers:
             self.probe(worker)
         return self
@@ -172,15 +185,45 @@ class Linking:
                 raise Stopped("stopped while waiting for workers " + ", ".join(w.host for w in self.workers))
 
         check_stop()
-        if any(w.link is None for w in self.workers):
+        if not self._ready():
+            said = Timer("the wait for workers to prepare, said")
             if signals is not None:
                 self.loop.reader(signals, check_stop)
+            self._say_preparing()
+            self.loop.timers.every(said, PREPARE_LOG_EVERY, self._say_preparing)
             try:
                 self._run()
             finally:
+                self.loop.timers.cancel(said)
                 if signals is not None:
                     self.loop.forget(signals)
+        self.loop.timers.cancel(self.prepare_deadline)
         return self.links
+
+    def _ready(self) -> bool:
+        """Every worker linked, and (with a prepare bound) prepared: the job may start."""
+        return all(w.link is not None and (w.prepared or self.prepare_bound is None) for w in self.workers)
+
+    def _doing(self, worker: _Worker) -> str:
+        if worker.link is None:
+            return (
+                f"not reached yet ({worker.last_error})"
+                if worker.count or worker.probes_failed
+                else "not reached yet"
+            )
+        return f"{worker.doing}, {self.clock() - worker.since:.0f}s in" if worker.since else worker.doing
+
+    def _unprepared(self) -> str:
+        return "; ".join(f"{w.host}: {self._doing(w)}" for w in self.workers if not w.prepared)
+
+    def _say_preparing(self) -> None:
+        log.info("waiting for workers to prepare the job: %s", self._unprepared())
+
+    def _not_prepared(self) -> None:
+        assert self.prepare_bound is not None
+        seconds, key = self.prepare_bound
+        late = self._unprepared()
+        raise PeerError(f"not every worker prepared the job within {seconds:g}s ({key}): {late}")
 
     def _run(self) -> None:
         self.waiting = True
@@ -193,6 +236,7 @@ class Linking:
         """The job starts: the links carry its events; their ends are no longer watched here."""
         self.started = True
         self.loop.timers.cancel(self.deadline)
+        self.loop.timers.cancel(self.prepare_deadline)
         for worker in self.workers:
             if worker.link is not None and worker.out >= 0:
                 self.loop.forget(worker.out)
@@ -341,12 +385,20 @@ class Linking:
             self._start_sessions()
             if all(w.link is not None for w in self.workers) and self.farewell is None:
                 self.loop.timers.cancel(self.deadline)
-                if self.waiting:
+                if self.waiting and self._ready():
                     self.loop.stop()
 
     def _link_output(self, worker: _Worker) -> None:
-        """The link's output after READY: nothing, until its end (the worker's `train` ended)."""
-        if os.read(worker.out, 65536):
+        """The link's output after READY: the worker's words on its preparation, until its end (the worker's
+        `train` ended)."""
+        data = os.read(worker.out, 65536)
+        if data:
+            *lines, rest = (worker.words + data).split(b"\n")
+            worker.words = rest[-WORDS_KEPT:]
+            for line in lines:
+                event = Event.decode(line)
+                if event is not None:
+                    self._heard(worker, event)
             return
         self.loop.forget(worker.out)
         worker.out = -1
@@ -354,6 +406,28 @@ class Linking:
             worker.gone = True
             if self.farewell is None:
                 raise PeerError(f"{worker.host} ended before the job started (its link closed); see its log")
+
+    def _heard(self, worker: _Worker, event: Event) -> None:
+        """A worker's word before the start: its step, that it prepared, or why it could not (Ended: the job
+        ends with its code and reason)."""
+        if self.started:
+            return
+        if event.kind == PREPARING:
+            worker.doing, worker.since = event.reason[:200], self.clock()
+            level = logging.INFO if self.waiting and self.farewell is None else logging.DEBUG
+            log.log(level, "waiting for %s to prepare the job: %s", worker.host, worker.doing)
+        elif event.kind == PREPARED:
+            worker.prepared, worker.doing = True, "prepared"
+            log.debug("%s prepared the job", worker.host)
+            if self._ready():
+                self.loop.timers.cancel(self.prepare_deadline)
+                if self.waiting and self.farewell is None:
+                    self.loop.stop()
+        elif event.kind == END and self.farewell is None:
+            worker.gone = True
+            head, _, detail = event.reason.partition("\n")
+            said = f"{worker.host} could not prepare the job (exit {event.exit_code}): {head}"
+            raise Ended(event.exit_code, f"{said}\n{detail}".strip())
 
     def _tell(self, worker: _Worker) -> None:
         """The leader's `end`, once it ended before the start, to a worker as soon as it is linked."""

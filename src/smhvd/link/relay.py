@@ -1,8 +1,8 @@
 """The relay, on a worker: the leader's ssh session joined to the worker's `train` over the link socket in its
 private directory (trusted as a rank trusts its environment: hostenv/trust.py). It says READY, then copies the
-leader's words until either end closes. Nothing may print before READY: Python starts isolated and without
-`site` (`-I -S`: no .pth, sitecustomize or PYTHON* variable), and what the remote shell prints first (a chatty
-rc file) the leader skips (link/connect.py).
+leader's words to it and its words back, until either end closes. Nothing may print before READY: Python
+starts isolated and without `site` (`-I -S`: no .pth, sitecustomize or PYTHON* variable), and what the remote
+shell prints first (a chatty rc file) the leader skips (link/connect.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from smhvd.errors import EX_UNAVAILABLE, HostEnvUnavailable
 from smhvd.hostenv import trust
 from smhvd.link import READY
 from smhvd.proc.loop import process_loop
-from smhvd.proc.processes import ancestors
+from smhvd.proc.processes import ancestors, write_all
 from smhvd.proc.waiting import NotYet
 
 CONNECT_TIMEOUT = 5.0  # one attempt: the leader tries again
@@ -32,7 +32,8 @@ def command(port: int) -> list[str]:
 
 
 def relay(port: int) -> int:
-    """stdin (the leader's words) -> the worker's `train`, until either end closes."""
+    """stdin (the leader's words) -> the worker's `train` -> stdout (its words back), until either end
+    closes."""
     try:
         sock = trust.connect_trusted(
             trust.directory(port), trust.LINK_SOCKET, CONNECT_TIMEOUT, ancestors(), "the worker's link"
@@ -52,7 +53,10 @@ def relay(port: int) -> int:
                 loop.stop()
 
         def from_worker() -> None:
-            if not sock.recv(4096):  # the worker's `train` exited
+            data = sock.recv(4096)
+            if data:  # its words to the leader (how its preparation goes)
+                write_all(1, data)
+            else:  # the worker's `train` exited
                 loop.stop()
 
         loop.reader(0, from_leader)

@@ -24,8 +24,9 @@ from pathlib import Path
 from types import TracebackType
 
 from smhvd.config.job import Job
+from smhvd.config.launcher_options import LauncherOwnOptions
 from smhvd.env_options import read_env_options
-from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, PeerError, Stopped, exit_for
+from smhvd.errors import EX_STOPPED, EX_TEMPFAIL, Ended, PeerError, Stopped, exit_for
 from smhvd.hostenv import server
 from smhvd.inflight.monitor import Monitor
 from smhvd.link import ALIVE, END, START, STOP, Event
@@ -33,6 +34,7 @@ from smhvd.link.connect import Linking
 from smhvd.mpi.command import SSH_CONFIG, MpiPlan, build_mpirun_argv, display, plan_for, require_mpirun
 from smhvd.mpi.output import parse_mpirun_verdict
 from smhvd.mpi.supervisor import Outcome, supervise
+from smhvd.option_spec import key_of
 from smhvd.preflight.check import groups as instance_groups
 from smhvd.preflight.check import run_preflight
 from smhvd.preflight.launch import JobLaunch
@@ -46,6 +48,7 @@ from smhvd.wire import HOSTENV_SERVED_FROM, RANK_ARGV, RankFailure
 log = logging.getLogger("smhvd")
 DUMP_LINE_LIMIT = 400  # of the failure file's 1024 characters, at most this much for a stack dump's summary
 FAREWELL_WAIT = 30.0  # a leader that ends before the start tells the workers that come up within this long
+PREPARE_MARGIN = 10.0  # the leader's wait for the workers to prepare ends this much before theirs for it
 
 
 class State(enum.Enum):
@@ -135,14 +138,22 @@ def preflight_stop(job: Job, verdict: Verdict | None, only: bool) -> str | None:
     return failure.compose(f"pre-flight named {first.host}: {first.reason}", more.strip())
 
 
+def prepare_bound(job: Job) -> tuple[float, str]:
+    """How long the leader waits for every worker to prepare, and the option that sets it: a little less than
+    the workers' own wait for the start (launcher_leader_timeout_seconds, from their start), so that the
+    leader names the late host before a worker gives up on its own (issue 53.1). Pure."""
+    timeout = job.options.launcher.leader_timeout
+    return timeout - min(PREPARE_MARGIN, timeout / 4), key_of(LauncherOwnOptions, "leader_timeout")
+
+
 @contextlib.contextmanager
 def stop_first(watch: SignalWatch) -> Iterator[None]:
-    """A worker's link closed before the start (PeerError) while this host's own stop waits on `watch`, not
-    looked at yet (the pre-flight looks every half beat): SageMaker stopped every host, the worker's end is
-    the stop's, and the stop is the cause (143), not the worker (issue 53.2)."""
+    """A worker's link closed before the start (PeerError), or it said why it ended (Ended), while this host's
+    own stop waits on `watch`, not looked at yet (the pre-flight looks every half beat): SageMaker stopped
+    every host, the worker's end is the stop's, and the stop is the cause (143), not the worker (53.2)."""
     try:
         yield
-    except PeerError:
+    except (PeerError, Ended):
         stops = [sig for sig in watch.drain() if sig in STOP_SIGNALS]
         if stops:
             raise Stopped(f"stopped by {signal.Signals(stops[0]).name} before the job started") from None
@@ -170,7 +181,9 @@ class Leader:
             ssh_config.write_text(render_ssh_config(port, control_dir=self.run_dir))
             timeout = self.job.options.launcher.peer_timeout
             log.info("reaching workers %s (up to %gs)", ", ".join(self.job.peers), timeout)
-            self.linking = Linking(self.job.peers, ssh_config, port, timeout).__enter__()
+            self.linking = Linking(
+                self.job.peers, ssh_config, port, timeout, prepare_bound=prepare_bound(self.job)
+            ).__enter__()
         return self
 
     def __exit__(

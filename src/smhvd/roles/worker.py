@@ -29,10 +29,10 @@ from types import TracebackType
 from smhvd.config.job import Job
 from smhvd.config.launcher_options import LauncherOwnOptions
 from smhvd.env_options import read_env_options
-from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, Ended, PeerError, exit_status
+from smhvd.errors import EX_STOPPED, EX_UNAVAILABLE, Ended, PeerError, exit_for, exit_status
 from smhvd.hostenv import server
 from smhvd.hostenv.trust import directory
-from smhvd.link import END, LINKED, SILENCE_LIMIT, START, STOP, Event
+from smhvd.link import END, LINKED, PREPARED, PREPARING, SILENCE_LIMIT, START, STOP, Event
 from smhvd.link.listen import Connection, Listener, listening
 from smhvd.option_spec import key_of
 from smhvd.proc.loop import process_loop, wait_exits
@@ -126,6 +126,8 @@ class Worker:
         self.dumps = Dumps(dumper.start, dumper.finished)
         self.keep: list[int] = []  # the children whose exits this worker waits for (sshd, a script)
         self.script: OutsideScript | None = None
+        self.link: Connection | None = None  # the leader's link, once it said `linked`
+        self.word = Event(PREPARING, reason="starting")  # how its preparation goes: the leader's to hear
 
     def __enter__(self) -> Worker:
         try:
@@ -154,10 +156,27 @@ class Worker:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if exc is not None and not isinstance(exc, Ended | PeerError) and self.word.kind != PREPARED:
+            self._say(Event(END, *exit_for(exc)))  # why this host could not prepare: the job's cause
         self.dumper.finish(STOP_DUMP_WAIT)
         if self.script is not None:
             self.script.stop()
         self.stack.close()
+
+    def preparing(self, step: str) -> None:
+        """The preparation step this host is in, for the leader's log while it waits for it (issue 53.1)."""
+        self._say(Event(PREPARING, reason=step))
+
+    def prepared(self) -> None:
+        """This host is ready to run the job: the leader may start it once every host is."""
+        self._say(Event(PREPARED))
+
+    def _say(self, word: Event) -> None:
+        """`word` to the leader now if linked, else once it is (only the last word counts)."""
+        self.word = word
+        if self.link is not None:
+            with contextlib.suppress(OSError):  # a link that broke: the worker hears it on its own
+                self.link.sock.sendall(word.encode())
 
     def serve(self, env: Mapping[str, str]) -> None:
         """This host's ranks' environment, held for them until the end (hostenv/server.py)."""
@@ -199,6 +218,8 @@ class Worker:
             self.loop.timers.after(self.silence_timer, SILENCE_LIMIT, self._leader_silent)
         if event.kind == LINKED and self.state is State.WAITING:
             self._to(State.LINKED)
+            self.link = connection
+            self._say(self.word)
         elif event.kind == START and self.state is State.LINKED:
             self._to(State.RUNNING)
             self.loop.timers.cancel(self.start_timer)

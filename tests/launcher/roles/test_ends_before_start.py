@@ -21,7 +21,7 @@ import pytest
 from smhvd_sim import Cluster
 from smhvd_sim.jobs import HostProcess
 from smhvd_sim.system import wait_for
-from support.cluster import Launch
+from support.cluster import Launch, slow_build, wait_building
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration]
 
@@ -84,31 +84,6 @@ def test_mpirun_missing_from_the_leaders_path(launch: Launch) -> None:
     assert "Traceback" not in log_of(processes["algo-1"])
 
 
-# A local package whose build ignores SIGTERM (as a long native build can for a while): pip's step takes
-# STOP_GRACE to end. Its build says it started in /opt/ml/output/building (seen from outside the host).
-SLOW_BUILD = (
-    "import pathlib, signal, time\n"
-    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-    "pathlib.Path('/opt/ml/output/building').touch()\n"
-    "time.sleep(300)\n"
-)
-
-
-def slow_build(cluster: Cluster, host: str) -> dict[str, str]:
-    """`host`'s requirements.txt is a local package whose build ignores SIGTERM; the variable that builds it
-    with the launcher's own setuptools (the hosts have no index to fetch one from)."""
-    package = cluster.ml_dir(host) / "code" / "slowpkg"
-    package.mkdir()
-    (package / "setup.py").write_text(SLOW_BUILD)
-    (cluster.ml_dir(host) / "code" / "requirements.txt").write_text("--no-index\n./slowpkg\n")
-    return {"PIP_NO_BUILD_ISOLATION": "0"}
-
-
-def wait_building(cluster: Cluster, host: str) -> None:
-    building = cluster.ml_dir(host) / "output" / "building"
-    wait_for(lambda: building.exists() or None, f"{host}'s pip to build the slow package", 120)
-
-
 def test_the_leaders_pip_failing_while_the_workers_pip_builds(launch: Launch) -> None:
     """Issue 53.2: the worker's pip is ended by the leader's `end` and takes STOP_GRACE to end, while the
     leader hangs up: the worker exits with the leader's code and reason, never 69 'its link closed' (4 of 4
@@ -132,13 +107,19 @@ def test_a_stop_of_every_host_while_the_leaders_pip_builds(launch: Launch) -> No
     pip takes STOP_GRACE to end: the leader exits 143 for its stop, never 69 'algo-2 ended'."""
     cluster, processes = launch("sleep", prepare=lambda c: {"algo-1": slow_build(c, "algo-1")}, seconds=300)
     wait_building(cluster, "algo-1")
+    stop_every_host(cluster, processes, "stopped by SIGTERM before the job started, during pip", "its pip")
+
+
+def stop_every_host(cluster: Cluster, processes: dict[str, HostProcess], reason: str, phase: str) -> None:
+    """SIGTERM to every host's `train` at once (as SageMaker stops a job): every host exits 143, and the
+    leader's failure file starts with `reason`, its own stop."""
     for process in processes.values():
         process.send_signal(signal.SIGTERM)
     codes = {host: process.wait(120) for host, process in processes.items()}
     assert codes == dict.fromkeys(HOSTS, 143), log_of(processes["algo-1"])
-    assert failure(cluster, "algo-1").startswith("stopped by SIGTERM before the job started, during pip")
+    assert failure(cluster, "algo-1").startswith(reason)
     took = (processes["algo-1"].ended or 0.0) - (processes["algo-2"].ended or 0.0)
-    print(f"\nevery host stopped: the leader exited {took:.2f} s after the worker (exit 143)")
+    print(f"\nevery host stopped in {phase}: the leader exited {took:.2f} s after the worker (exit 143)")
 
 
 def test_a_configuration_error_only_the_leader_finds(launch: Launch) -> None:
@@ -225,10 +206,4 @@ def test_a_stop_of_every_host_during_the_pre_flight(launch: Launch) -> None:
         "the leader's pre-flight",
         120,
     )
-    for process in processes.values():
-        process.send_signal(signal.SIGTERM)
-    codes = {host: process.wait(120) for host, process in processes.items()}
-    assert codes == dict.fromkeys(HOSTS, 143), log_of(processes["algo-1"])
-    assert failure(cluster, "algo-1").startswith("stopped by SIGTERM before the job started")
-    took = (processes["algo-1"].ended or 0.0) - (processes["algo-2"].ended or 0.0)
-    print(f"\nevery host stopped in the pre-flight: the leader exited {took:.2f} s after the worker (143)")
+    stop_every_host(cluster, processes, "stopped by SIGTERM before the job started", "the pre-flight")
