@@ -220,29 +220,47 @@ def _reap(pids: Iterable[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
+FREEZE_ROUNDS = 100  # looks for what the step's processes forked before they were all stopped
+
+
 def end_tree(proc: subprocess.Popen[bytes], before: set[int], marker: bytes | None = None) -> None:
     """SIGTERM to the step's group and every process started since it began (`marker`: _started_since);
     SIGKILL STOP_GRACE later to what is still alive; the step and the orphans it left reaped."""
-    _signal_tree(proc, _started_since(before, proc.pid, marker), signal.SIGTERM)
-    _wait_gone(proc, before, STOP_GRACE, marker)
-    _kill(proc, before, marker)
+    termed = set(_started_since(before, proc.pid, marker))
+    _signal_tree(proc, termed, signal.SIGTERM)
+    _wait_gone(proc, before, STOP_GRACE, marker, termed)
+    _kill(proc, before, marker, termed)
 
 
-def _kill(proc: subprocess.Popen[bytes], before: set[int], marker: bytes | None = None) -> None:
-    """SIGKILL to the step's group and every process started since it began; the step reaped."""
-    _signal_tree(proc, _started_since(before, proc.pid, marker), signal.SIGKILL)
-    _wait_gone(proc, before, STOP_GRACE, marker)
+def _kill(
+    proc: subprocess.Popen[bytes], before: set[int], marker: bytes | None = None, known: Iterable[int] = ()
+) -> None:
+    """The step's group and every process started since it began stopped (SIGSTOP, look again for what they
+    forked meanwhile, until a look finds nothing new: a stopped process forks nothing), then SIGKILLed; the
+    step and every process found reaped, also one whose environment reads empty once it is a zombie."""
+    frozen = set(known)
+    for _ in range(FREEZE_ROUNDS):
+        found = set(_started_since(before, proc.pid, marker)) - frozen
+        _signal_tree(proc, found, signal.SIGSTOP)
+        if not found:
+            break
+        frozen |= found
+    _signal_tree(proc, frozen, signal.SIGKILL)
+    _wait_gone(proc, before, STOP_GRACE, marker, frozen)
     proc.wait()
 
 
-def _wait_gone(proc: subprocess.Popen[bytes], before: set[int], timeout: float, marker: bytes | None) -> None:
-    """Wait (bounded) until nothing started since the step began is alive, reaping the orphans among them:
+def _wait_gone(
+    proc: subprocess.Popen[bytes], before: set[int], timeout: float, marker: bytes | None, known: set[int]
+) -> None:
+    """Wait (bounded) until nothing started since the step began is alive, reaping the orphans among them
+    and those of `known` (signalled already: a zombie's environment reads empty, so no look finds it again):
     on the processes' pidfds, then a new look at the tree (what they forked meanwhile), until none is left."""
     deadline = time.monotonic() + timeout
     while True:
-        started = _started_since(before, proc.pid, marker)
-        _reap(pid for pid in started if pid != proc.pid)
-        alive = [pid for pid in started if is_alive(pid)]
+        pids = set(_started_since(before, proc.pid, marker)) | known
+        alive = [pid for pid in pids if is_alive(pid)]
+        _reap(pid for pid in pids if pid != proc.pid)  # after the look: what it saw gone is reaped now
         remaining = deadline - time.monotonic()
         if not alive or remaining <= 0:
             return

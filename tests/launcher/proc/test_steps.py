@@ -324,16 +324,21 @@ def test_a_step_that_ends_never_kills_what_an_own_child_forks_meanwhile(tmp_path
 
 # The driver, with Open MPI's way on a worker while the step runs: a process in the launcher's own session
 # (sshd) starts a daemon that leaves its session and its parent (orted --daemonize), re-parented to the
-# launcher (a subreaper). Prints whether that daemon outlived the step.
+# launcher (a subreaper). Prints whether that daemon outlived the step. argv 3, 4: the daemon's pid file and
+# a FIFO the daemonizer opens (so once the step reads it) before it forks, and the daemon writes to.
 DAEMONIZED_BESIDE = DRIVER.replace(
     "    r = run_step(json.loads(sys.argv[1]), timeout=float(sys.argv[2]) if sys.argv[2] else None)",
     "    import os, subprocess, threading, time\n"
     "    daemonize = ('import os, sys, time\\n'\n"
+    "                 'born = open(sys.argv[2], \"w\")\\n'\n"
     "                 'if os.fork() == 0:\\n'\n"
     "                 '    os.setsid()\\n'\n"
     "                 '    open(sys.argv[1], \"w\").write(str(os.getpid()))\\n'\n"
+    "                 '    born.write(\"born\")\\n'\n"
+    "                 '    born.close()\\n'\n"
     "                 '    time.sleep(300)\\n')\n"
-    "    threading.Timer(0.5, subprocess.call, ([sys.executable, '-c', daemonize, sys.argv[3]],)).start()\n"
+    "    daemonizer = [sys.executable, '-c', daemonize, *sys.argv[3:5]]\n"
+    "    threading.Thread(target=subprocess.call, args=(daemonizer,)).start()\n"
     "    r = run_step(json.loads(sys.argv[1]))\n"
     "    from smhvd.proc.processes import is_alive, signal_pids\n"
     "    daemon = int(open(sys.argv[3]).read())\n"
@@ -348,14 +353,14 @@ def test_a_daemon_started_beside_a_step_is_not_the_steps_though_it_is_re_parente
     daemonizes: its own session, re-parented to the worker's launcher) while the worker's EFA probe or code
     download ran; that step's end killed it, and mpirun lost its daemon. A daemon the step itself leaves is
     still ended (test_output_is_kept_and_what_the_step_left_is_killed)."""
+    born = tmp_path / "born"
+    os.mkfifo(born)  # the daemonizer opens it once the step reads it, and forks: born while the step runs
+    step = [sys.executable, "-c", "import sys; print(open(sys.argv[1]).read())", str(born)]
     result = run_driver(
-        DAEMONIZED_BESIDE,
-        tmp_path,
-        json.dumps([sys.executable, "-c", "import time; time.sleep(2)"]),
-        "",
-        str(tmp_path / "daemon.pid"),
+        DAEMONIZED_BESIDE, tmp_path, json.dumps(step), "", str(tmp_path / "daemon.pid"), str(born)
     )
     assert result["returncode"] == 0
+    assert bytes.fromhex(str(result["stdout"])) == b"born\n"  # the step ended after the daemon's birth
     assert result["daemon_alive"] is True
 
 
@@ -394,3 +399,24 @@ def test_the_ending_that_interrupts_a_step_is_the_one_raised_whatever_happens_wh
     peer.wait()
     assert seen == []
     assert STOP_GRACE <= took < STOP_GRACE + 30  # the tree was ended (SIGKILL after the grace), then raised
+
+
+# The driver, printing after the step whether each process the step left (argv 3: their pids) still has a
+# /proc entry: a zombie has one, and is_alive counts it as gone.
+LEFT_IN_PROC = DRIVER.replace(
+    'print(json.dumps({"returncode"',
+    "import os\n"
+    "    left = [p for p in map(int, open(sys.argv[3]).read().split()) if os.path.exists(f'/proc/{p}')]\n"
+    '    print(json.dumps({"left": left, "returncode"',
+)
+
+
+@pytest.mark.integration
+def test_what_a_step_left_is_killed_and_reaped_not_left_a_zombie(tmp_path):
+    """Issue 53.3: the daemon a step leaves (its own session, the step's TMPDIR) was SIGKILLed and then never
+    reaped: once a zombie its environment reads empty, so no later look counted it as the step's."""
+    pids = tmp_path / "pids"
+    step = [sys.executable, "-c", LEAVES_HELPERS, str(pids), "0"]
+    result = run_driver(LEFT_IN_PROC, tmp_path, json.dumps(step), "", str(pids))
+    assert result["returncode"] == 0
+    assert result["left"] == []
