@@ -40,8 +40,8 @@ OUTPUT_FRAMED = "records"
 # Where each host's `train` serves its ranks' environment: the leader's own directory (hostenv/server.py).
 HOSTENV_SERVED_FROM = "SMHVD_HOSTENV"
 
-# In-flight (inflight/, docs/inflight.md): INFLIGHT_POLICY names the policy when it is on (the leader sets it for
-# every rank); the rank wrapper then gives its program the write end of a pipe, its number in INFLIGHT_FD,
+# In-flight (inflight/, docs/inflight.md): INFLIGHT_POLICY names the policy when it is on (the leader sets it
+# for every rank); the rank wrapper then gives its program the write end of a pipe, its number in INFLIGHT_FD,
 # on which the program writes its steps as lines (inflight/record.py), and the wrapper passes them on as
 # INFLIGHT frames with its rank, host and its samples of what could slow them (inflight/signals.py).
 INFLIGHT_POLICY = "SMHVD_INFLIGHT"
