@@ -69,13 +69,7 @@ def efa_settings(job: Job, env: Mapping[str, str]) -> dict[str, str]:
     """Probe this host for EFA and say in one line what the ranks get (efa.py)."""
     found = efa.probe()
     added = efa.efa_env(found, env)
-    if found.present:
-        shown = (
-            " ".join(f"{k}={v}" for k, v in sorted(added.items())) or "nothing (the environment sets them)"
-        )
-        log.info("EFA: %s; ranks get %s", found.detail, shown)
-    else:
-        log.info("EFA: none (%s)", found.detail)
+    log.info("%s", efa.ranks_line(found, added, job.options.mpi.custom_options))
     if efa.expected_but_missing(found, job.resources.current_instance_type):
         log.warning(
             "EFA: %s has EFA but none is usable here (%s): the job will run over TCP. Check that the "

@@ -14,8 +14,9 @@ loader cache has libnccl-net.so). EFA_INSTANCE_TYPES serves one warning: such an
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from smhvd.proc.steps import run_step
@@ -71,6 +72,34 @@ def efa_env(found: EfaProbe, env: Mapping[str, str]) -> dict[str, str]:
         return {}
     wanted = {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1", "OMPI_MCA_pml": "cm", "OMPI_MCA_mtl": "ofi"}
     return {k: v for k, v in wanted.items() if k not in env}
+
+
+def options_set(tokens: Sequence[str]) -> dict[str, str]:
+    """The variables the user's mpirun options set for the ranks (`-x NAME=VALUE`, the last one wins; mpirun
+    gives them over the environment's). Pure."""
+    found: dict[str, str] = {}
+    for flag, value in itertools.pairwise(tokens):
+        if flag == "-x" and "=" in value:
+            name, _, given = value.partition("=")
+            found[name] = given
+    return found
+
+
+def ranks_line(found: EfaProbe, added: Mapping[str, str], options: Sequence[str]) -> str:
+    """The start-up `EFA:` line: what the probe saw and what the ranks will really get, the user's mpirun
+    options (`-x FI_PROVIDER=tcp` in custom_mpi_options) over what the launcher adds. Pure."""
+    if not found.present:
+        return f"EFA: none ({found.detail})"
+    user = options_set(options)
+    kept = {k: v for k, v in added.items() if k not in user}
+    shown = " ".join(f"{k}={v}" for k, v in sorted(kept.items())) or "nothing (the environment sets them)"
+    line = f"EFA: {found.detail}; ranks get {shown}"
+    overrides = {k: user[k] for k in sorted(user) if k in added or k == "FI_PROVIDER"}
+    if overrides:
+        line += "; custom_mpi_options sets " + " ".join(f"{k}={v}" for k, v in overrides.items())
+        if overrides.get("FI_PROVIDER", "efa") != "efa":
+            line += f" (the ranks' libfabric uses {overrides['FI_PROVIDER']}, not EFA)"
+    return line
 
 
 def expected_but_missing(found: EfaProbe, instance_type: str | None) -> bool:

@@ -3,6 +3,7 @@ follow libfabric's two formats (plain `provider: efa` blocks, and `-v` YAML with
 
 import pytest
 
+from smhvd.mpi import efa
 from smhvd.mpi.efa import NO_DEVICE, EfaProbe, efa_env, expected_but_missing, read_probe
 
 VERBOSE_RDMA = """---
@@ -70,3 +71,33 @@ def test_warn_only_where_the_instance_type_is_known_to_have_efa():
     assert not expected_but_missing(missing, "ml.c5.xlarge")
     assert not expected_but_missing(missing, None)
     assert not expected_but_missing(EfaProbe(True, "x"), "ml.p4d.24xlarge")
+
+
+def test_the_start_line_says_what_the_ranks_really_get_when_custom_mpi_options_override_it():
+    """Issue 51.4: `-x FI_PROVIDER=tcp` in custom_mpi_options wins over the launcher's FI_PROVIDER=efa (mpirun
+    gives -x values over the environment's): the line says so instead of promising EFA."""
+    found = efa.EfaProbe(True, "libfabric's efa provider answers")
+    added = efa.efa_env(found, {})
+    assert efa.ranks_line(found, added, ()) == (
+        "EFA: libfabric's efa provider answers; ranks get FI_EFA_FORK_SAFE=1 FI_PROVIDER=efa "
+        "OMPI_MCA_mtl=ofi OMPI_MCA_pml=cm"
+    )
+    options = (
+        "-x",
+        "FI_PROVIDER=efa",
+        "-x",
+        "FI_PROVIDER=tcp",
+        "--mca",
+        "btl",
+        "tcp,self",
+        "-x",
+        "NCCL_DEBUG",
+    )
+    assert efa.options_set(options) == {"FI_PROVIDER": "tcp"}
+    assert efa.ranks_line(found, added, options) == (
+        "EFA: libfabric's efa provider answers; ranks get FI_EFA_FORK_SAFE=1 OMPI_MCA_mtl=ofi "
+        "OMPI_MCA_pml=cm; custom_mpi_options sets FI_PROVIDER=tcp (the ranks' libfabric uses tcp, not EFA)"
+    )
+    assert efa.ranks_line(efa.EfaProbe(False, "fi_info not found (no libfabric)"), {}, options) == (
+        "EFA: none (fi_info not found (no libfabric))"
+    )
