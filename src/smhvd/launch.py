@@ -149,7 +149,7 @@ def launch(
                         ready.name,
                     )
                     worker.run_outside(ready.program, ready.env, ready.code_dir)
-                return worker.wait()
+                return worker.wait("the pre-flight" if preflight_only else "job")
     finally:
         kill_descendants()
 

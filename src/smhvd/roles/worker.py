@@ -187,8 +187,9 @@ class Worker:
         self.script = OutsideScript(command, env, cwd, self.job.resources.current_host)
         self.keep.append(self.script.proc.pid)
 
-    def wait(self) -> int:
-        """Until the job's verdict; its exit code, said in the log (and the failure file when it failed)."""
+    def wait(self, what: str = "job") -> int:
+        """Until the job's verdict; its exit code, said in the log (and the failure file when it failed).
+        `what`: the job, or the pre-flight when it is the job (`train preflight`: no script ran)."""
         verdict = Ended(EX_UNAVAILABLE, "the wait for the leader ended without its verdict")
         with SignalWatch() as watch:
             self.loop.reader(watch, functools.partial(self._signals, watch))
@@ -199,8 +200,11 @@ class Worker:
             finally:
                 self.loop.close()  # the verdict is in: what the link does from now on means nothing
         code, reason = verdict.exit_code, str(verdict)
+        if code == EX_STOPPED:
+            log.info("%s stopped (exit %d)", what, code)
+        elif code == 0:
+            log.info("%s", "job succeeded (exit 0)" if what == "job" else f"{what} ended well (exit 0)")
         if code in (0, EX_STOPPED):
-            log.info("job %s (exit %d)", "stopped" if code else "succeeded", code)
             return code
         text = reason or f"the job failed with exit code {code} (see {self.leader}'s log)"
         failure.write_failure(self.job.paths.failure_file, text)

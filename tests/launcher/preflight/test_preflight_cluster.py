@@ -362,6 +362,21 @@ def test_a_healthy_cluster_names_no_host_and_the_job_runs(setup: Setup) -> None:
     assert f"pre-flight: all {len(HOSTS)} host(s) fine" in log
 
 
+def test_a_preflight_only_job_says_so_on_every_host(setup: Setup) -> None:
+    """`train preflight` on every host (issue 52.8): the workers said 'job succeeded' for a job that ran no
+    script; they say the pre-flight ended well, and nothing ran."""
+    run_job(setup, "warn")  # writes the hosts' configuration; the job itself is not what is looked at here
+    for host in HOSTS:
+        for item in (setup.cluster.ml_dir(host) / "output" / "data").glob("ran-*"):
+            item.unlink()
+    results = setup.cluster.run(["train", "preflight"], timeout=RUN_TIMEOUT)
+    assert {h: r.exit_code for h, r in results.items()} == dict.fromkeys(HOSTS, 0)
+    for host in HOSTS[1:]:
+        log = results[host].log.read_text()
+        assert "the pre-flight ended well (exit 0)" in log and "job succeeded" not in log, log[-2000:]
+    assert marks(setup.cluster) == []
+
+
 @pytest.mark.parametrize("policy", ["warn", "fail"])
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_the_bad_host_and_no_other_is_named(setup: Setup, fault: str, policy: str) -> None:
