@@ -25,7 +25,7 @@ from pathlib import Path
 
 from smhvd.mpi import efa
 from smhvd.preflight import nccl_net
-from smhvd.preflight.facts import efa_devices
+from smhvd.preflight.facts import distribution_versions, efa_devices
 
 NCCL = str(Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "nccl" / "lib" / "libnccl.so.2")
 UNIQUE_ID = f"""
@@ -86,7 +86,11 @@ def main() -> None:
     table = NetV8.in_dll(plugin, "ncclNetPlugin_v8")
     code = table.init(log)
 
-    net = nccl_net.detect(os.environ, efa.probe().present, len(efa_devices()))
+    # as the pre-flight's probe and `python -m smhvd.preflight.nccl_net` read it (nccl_net.main)
+    nccl = distribution_versions().get("nccl")
+    net = nccl_net.detect(
+        os.environ, efa.probe().present, len(efa_devices()), nccl, nccl_net.provider_listed()
+    )
     print(
         json.dumps(
             {
